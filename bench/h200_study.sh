@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The study's bf16 grid on this GPU (3 models x 4 contexts, hf-eager) plus the static-cache paths
+# for qwen2.5-7b at ctx 2048 and 16384, into one results database. Resumable: a cell already
+# valid under the same environment is skipped, so the stages can run in separate calls.
+#   bash bench/h200_study.sh [static|eager|compile|all]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DB=${DB:-bench/results/h200.db}
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+fl() { python3 -m floorline "$@"; }
+stage=${1:-all}
+if [[ $stage == static || $stage == all ]]; then
+  fl sweep --db "$DB" --models qwen2.5-7b --ctx 2048,16384 --paths hf-static,hf-static+graphs
+fi
+if [[ $stage == eager || $stage == all ]]; then
+  fl sweep --db "$DB"   # bare: the study's grid
+fi
+if [[ $stage == compile || $stage == all ]]; then
+  fl sweep --db "$DB" --models qwen2.5-7b --ctx 2048,16384 --paths hf-static+compile+graphs
+fi
+python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" "$DB"
+fl show --db "$DB" --json > bench/results/h200_cells.json
+fl show --db "$DB" --csv > bench/results/h200_cells.csv
+fl show --db "$DB"

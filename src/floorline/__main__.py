@@ -1,0 +1,3 @@
+from floorline.cli import main
+
+main()

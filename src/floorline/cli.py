@@ -1,0 +1,246 @@
+"""The `floorline` command: thin wrappers that parse, call the library and print."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from floorline.errors import FloorlineError
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
+                  help="Batch-1 LLM decode against its memory floor.")
+# Wide when piped, so that tables in logs and CI keep their columns.
+out = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True)
+
+DB_OPTION = Annotated[Path, typer.Option("--db", help="Results database (SQLite).")]
+
+
+def split_list(values: list[str] | None) -> list[str]:
+    """`--x a,b --x c` -> [a, b, c]."""
+    return [v.strip() for value in values or [] for v in value.split(",") if v.strip()]
+
+
+def parse_contexts(values: list[str] | None) -> list[int]:
+    contexts = []
+    for v in split_list(values):
+        try:
+            ctx = int(v)
+        except ValueError:
+            raise FloorlineError(f"context must be a whole number of tokens, got '{v}'") from None
+        if ctx <= 0:
+            raise FloorlineError(f"context must be a positive number of tokens, got {ctx}")
+        contexts.append(ctx)
+    return contexts
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_device(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise FloorlineError(f"device '{device}' asked for, but torch sees no CUDA device here")
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise FloorlineError(f"device must be 'cpu' or 'cuda[:N]', got '{device}'")
+    return device
+
+
+def resolve_gpu(name: str | None, device: str):
+    from floorline import hardware
+
+    return hardware.lookup(name) if name else hardware.detect(device)
+
+
+def _num(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+@app.command()
+def models() -> None:
+    """The shipped model architectures (any local directory with a config.json works too)."""
+    from floorline.models import resolve_model, shipped_models
+    from floorline.models.zoo import SOURCES
+    from floorline.traffic import count_parameters
+
+    table = Table("model", "architecture", "params", "layers", "hidden", "heads/kv", "max ctx",
+                  "tied", "source")
+    for name in shipped_models():
+        spec = resolve_model(name)
+        cfg = spec.config.get_text_config()
+        counts = count_parameters(spec)
+        kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        table.add_row(name, cfg.model_type, f"{counts.total / 1e9:.3f} B", str(cfg.num_hidden_layers),
+                      str(cfg.hidden_size), f"{cfg.num_attention_heads}/{kv}",
+                      str(spec.max_context), "yes" if counts.tied else "no", SOURCES[name])
+    out.print(table)
+
+
+@app.command()
+def gpus() -> None:
+    """The GPU catalogue: datasheet peak bandwidth, memory and SMs, with sources."""
+    from floorline.hardware import CATALOGUE
+
+    table = Table("gpu", "name", "peak GB/s", "memory GB", "SMs", "source")
+    for g in CATALOGUE:
+        table.add_row(g.name, g.full_name, f"{g.peak_gbps:g}", f"{g.memory_gb:g}", str(g.sms), g.source)
+    out.print(table)
+
+
+@app.command("floor")
+def floor_cmd(
+    model: Annotated[str, typer.Option(help="Shipped name or local directory with config.json.")],
+    gpu: Annotated[Optional[str], typer.Option(help="Catalogue name; default: the running GPU.")] = None,
+    ctx: Annotated[Optional[list[str]], typer.Option(help="Context lengths, e.g. 2048,16384.")] = None,
+    weight_format: Annotated[str, typer.Option(help="bf16, fp16, fp32, int8, int4-g128, nf4, nf4-dq.")] = "bf16",
+    kv_dtype: Annotated[str, typer.Option(help="bf16, fp16, fp32, fp8.")] = "bf16",
+    trust_remote_code: bool = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
+) -> None:
+    """Bytes one decode step must move and the floor they set: analytic, no GPU needed."""
+    from floorline.measure.sweep import STUDY_CONTEXTS
+    from floorline.models import resolve_model
+    from floorline.traffic import floor
+
+    spec = resolve_model(model, trust_remote_code)
+    if gpu is None and default_device() == "cpu":
+        raise FloorlineError("no GPU here to detect: pass --gpu (see `floorline gpus`)")
+    device_spec = resolve_gpu(gpu, "cuda")
+    floors = [floor(spec, device_spec, c, weight_format, kv_dtype)
+              for c in parse_contexts(ctx) or STUDY_CONTEXTS]
+    if as_json:
+        print(json.dumps([f.as_dict() for f in floors], indent=2))
+        return
+    table = Table("ctx", "weights GB", "KV GB", "total GB", "floor ms", "all-params GB",
+                  "all-params floor ms",
+                  title=f"{spec.name} on {device_spec.name} ({device_spec.peak_gbps:g} GB/s datasheet), "
+                        f"weights {weight_format}, KV {kv_dtype}")
+    for f in floors:
+        table.add_row(str(f.ctx), f"{f.weight_bytes / 1e9:.3f}", f"{f.kv_bytes / 1e9:.3f}",
+                      f"{f.total_bytes / 1e9:.3f}", f"{f.floor_ms:.3f}",
+                      f"{f.total_bytes_all_params / 1e9:.3f}", f"{f.floor_ms_all_params:.3f}")
+    out.print(table)
+
+
+def cells_table(rows: list[dict], title: str) -> Table:
+    table = Table("model", "ctx", "path", "gpu", "status", "ms/step", "p10-p90 ms", "floor ms",
+                  "of floor", "GB/s", "reason", title=title)
+    for r in rows:
+        spread = f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}" if r["p10_ms"] is not None else "-"
+        frac = f"{r['fraction_of_floor']:.1%}" if r["fraction_of_floor"] is not None else "-"
+        table.add_row(
+            r["model"], str(r["ctx"]), r["path"], r["gpu"],
+            r["status"] if r["status"] == "valid" else f"[red]{r['status']}[/red]",
+            _num(r["median_ms"], ".2f"), spread, _num(r["floor_ms"], ".3f"), frac,
+            _num(r["achieved_gbps"], ".0f" if (r["achieved_gbps"] or 0) >= 100 else ".2f"),
+            r["reason"] or "",
+        )
+    return table
+
+
+@app.command()
+def sweep(
+    models: Annotated[Optional[list[str]], typer.Option(help="Models (names or directories), comma-separated.")] = None,
+    ctx: Annotated[Optional[list[str]], typer.Option(help="Context lengths, comma-separated.")] = None,
+    paths: Annotated[Optional[list[str]], typer.Option(help="Paths, e.g. hf-eager,hf-static+graphs.")] = None,
+    steps: Annotated[int, typer.Option(min=1, help="Timed decode steps per cell.")] = 64,
+    warmup: Annotated[int, typer.Option(min=0, help="Untimed decode steps before timing.")] = 8,
+    db: DB_OPTION = Path("floorline.db"),
+    device: Annotated[Optional[str], typer.Option(help="cuda, cuda:N or cpu; default: cuda if present.")] = None,
+    gpu: Annotated[Optional[str], typer.Option(help="Catalogue name for the floor; default: detected.")] = None,
+    force: Annotated[bool, typer.Option(help="Re-measure cells already valid in the database.")] = False,
+    seed: int = 0,
+    trust_remote_code: bool = False,
+) -> None:
+    """Measure a grid of cells into the results database (bare: the study's grid, or the CPU demo)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from floorline.measure.sweep import Grid, Sweep, check_grid, default_grid
+    from floorline.store import Store
+
+    device = check_device(device or default_device())
+    default = default_grid(device)
+    grid = check_grid(Grid(tuple(split_list(models)) or default.models,
+                           tuple(parse_contexts(ctx)) or default.contexts,
+                           tuple(split_list(paths)) or default.paths), trust_remote_code)
+    keys = grid.cells(steps, warmup)
+    device_spec = resolve_gpu(gpu, device)
+    runner = Sweep(Store(db), device, device_spec, force=force, seed=seed,
+                   trust_remote_code=trust_remote_code)
+    if device == "cpu":
+        err.print(f"No CUDA device: running on the CPU; floor bandwidth {device_spec.peak_gbps:g} GB/s "
+                  f"{device_spec.source}", highlight=False)
+    measured = skipped = 0
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err) as progress:
+        task = progress.add_task("sweep", total=len(keys))
+        for key in keys:
+            progress.update(task, description=f"{key.model} ctx={key.ctx} {key.path}")
+            result = runner.run_cell(key)
+            if result is None:
+                skipped += 1
+            else:
+                measured += 1
+                if result.reason:
+                    progress.console.print(f"invalid: {key.model} ctx={key.ctx} {key.path}: "
+                                           f"{result.reason}", highlight=False, markup=False)
+            progress.advance(task)
+    wanted = {(k.model, k.ctx, k.path, k.steps, k.warmup) for k in keys}
+    rows = [r for r in runner.store.rows() if r["fingerprint_key"] == runner.env_key
+            and (r["model"], r["ctx"], r["path"], r["steps"], r["warmup"]) in wanted]
+    out.print(cells_table(rows, f"{db}: {measured} measured, {skipped} already valid (skipped)"))
+
+
+@app.command()
+def show(
+    db: DB_OPTION = Path("floorline.db"),
+    as_json: Annotated[bool, typer.Option("--json", help="Every field, samples included, as JSON.")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="One CSV row per cell.")] = False,
+    history: Annotated[bool, typer.Option("--all", help="Every row, not only each cell's newest.")] = False,
+) -> None:
+    """The cells in the results database."""
+    from floorline.store import COLUMNS, Store
+
+    if not db.exists():
+        raise FloorlineError(f"no results database at {db}: run `floorline sweep` first")
+    rows = Store(db).rows(latest=not history)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    elif as_csv:
+        writer = csv.DictWriter(sys.stdout, fieldnames=COLUMNS)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in r.items()})
+    elif not rows:
+        out.print(f"no cells in {db}")
+    else:
+        out.print(cells_table(rows, str(db)))
+
+
+def main() -> None:
+    try:
+        app()
+    except FloorlineError as e:
+        err.print(f"floorline: error: {e}", highlight=False, markup=False)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err.print("floorline: interrupted; every finished cell is in the database")
+        sys.exit(130)
+    except Exception as e:
+        if os.environ.get("FLOORLINE_DEBUG"):
+            raise
+        err.print(f"floorline: internal error: {type(e).__name__}: {e} "
+                  "(FLOORLINE_DEBUG=1 shows the traceback)", highlight=False, markup=False)
+        sys.exit(1)

@@ -1,0 +1,133 @@
+"""The GPU catalogue (datasheet figures with their sources) and detection of the running device."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from floorline.errors import FloorlineError
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    name: str  # catalogue key, e.g. "h200"
+    full_name: str
+    peak_gbps: float  # peak memory bandwidth, GB/s (1e9 bytes/s)
+    memory_gb: float
+    sms: int | None
+    source: str
+    pattern: str = ""  # regex matched against torch's device name, for detection
+
+
+CATALOGUE = (
+    DeviceSpec("h200", "NVIDIA H200 SXM 141GB", 4800, 141, 132,
+               "NVIDIA H200 Tensor Core GPU datasheet (4.8 TB/s, 141 GB HBM3e); 132 SMs",
+               r"\bH200\b"),
+    DeviceSpec("h100-pcie", "NVIDIA H100 PCIe 80GB", 2000, 80, 114,
+               "NVIDIA H100 Tensor Core GPU datasheet (PCIe: 2 TB/s, 80 GB HBM2e); 114 SMs",
+               r"\bH100\b.*PCIe"),
+    DeviceSpec("h100-sxm5", "NVIDIA H100 SXM5 80GB", 3350, 80, 132,
+               "NVIDIA H100 Tensor Core GPU datasheet (SXM: 3.35 TB/s, 80 GB HBM3); 132 SMs",
+               r"\bH100\b(?!.*(PCIe|NVL))"),
+    DeviceSpec("a100-80gb-sxm4", "NVIDIA A100 80GB SXM4", 2039, 80, 108,
+               "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM: 2,039 GB/s HBM2e); 108 SMs",
+               r"\bA100\b.*SXM4?-80GB|\bA100 80GB\b(?!.*PCIe)"),
+    DeviceSpec("a100-40gb", "NVIDIA A100 40GB", 1555, 40, 108,
+               "NVIDIA A100 Tensor Core GPU datasheet (40GB: 1,555 GB/s HBM2); 108 SMs",
+               r"\bA100\b.*40GB"),
+    DeviceSpec("l40s", "NVIDIA L40S", 864, 48, 142,
+               "NVIDIA L40S datasheet (864 GB/s, 48 GB GDDR6); 142 SMs", r"\bL40S\b"),
+    DeviceSpec("l4", "NVIDIA L4", 300, 24, 58,
+               "NVIDIA L4 Tensor Core GPU datasheet (300 GB/s, 24 GB GDDR6); 58 SMs", r"\bL4\b"),
+    DeviceSpec("a10g", "NVIDIA A10G", 600, 24, 80,
+               "AWS EC2 G5 documentation / NVIDIA A10G (600 GB/s, 24 GB GDDR6); 80 SMs",
+               r"\bA10G\b"),
+    DeviceSpec("rtx-4090", "NVIDIA GeForce RTX 4090", 1008, 24, 128,
+               "NVIDIA Ada Lovelace architecture whitepaper (RTX 4090: 1,008 GB/s, 24 GB GDDR6X); "
+               "128 SMs", r"RTX 4090"),
+    DeviceSpec("rtx-6000-ada", "NVIDIA RTX 6000 Ada Generation", 960, 48, 142,
+               "NVIDIA RTX 6000 Ada Generation datasheet (960 GB/s, 48 GB GDDR6); 142 SMs",
+               r"RTX 6000 Ada"),
+    DeviceSpec("jetson-agx-orin", "NVIDIA Jetson AGX Orin 64GB", 204.8, 64, 16,
+               "NVIDIA Jetson AGX Orin series datasheet (64GB module: 204.8 GB/s LPDDR5); "
+               "2048 CUDA cores = 16 SMs", r"Orin"),
+    DeviceSpec("b200", "NVIDIA B200", 8000, 192, 148,
+               "NVIDIA Blackwell architecture technical brief (B200: 8 TB/s, 192 GB HBM3e; "
+               "HGX B200 systems list 180 GB per GPU); 148 SMs", r"\bB200\b"),
+)
+
+
+def catalogue_names() -> list[str]:
+    return [d.name for d in CATALOGUE]
+
+
+def lookup(name: str) -> DeviceSpec:
+    for spec in CATALOGUE:
+        if spec.name == name.lower():
+            return spec
+    raise FloorlineError(f"unknown GPU '{name}'; known: {', '.join(catalogue_names())}")
+
+
+def match_device_name(device_name: str) -> DeviceSpec | None:
+    for spec in CATALOGUE:
+        if re.search(spec.pattern, device_name, re.IGNORECASE):
+            return spec
+    return None
+
+
+def peak_from_nvml(mem_clock_mhz: float, bus_width_bits: int) -> float:
+    """Theoretical peak in GB/s from NVML's max memory clock: clock x bus width x 2 (double data
+    rate, as NVML reports the clock for HBM and GDDR alike)."""
+    return 2 * mem_clock_mhz * 1e6 * bus_width_bits / 8 / 1e9
+
+
+def _nvml_peak(index: int) -> float | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        clock = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)
+        width = pynvml.nvmlDeviceGetMemoryBusWidth(handle)
+        return peak_from_nvml(clock, width)
+    except Exception:  # NVML missing, or too old to report the bus width
+        return None
+
+
+def measure_host_bandwidth(mib: int = 256, repeats: int = 5) -> float:
+    """Best-of-N streaming read of a float32 buffer on the CPU, GB/s."""
+    import torch
+
+    buf = torch.rand(mib * 2**20 // 4)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - t0)
+    return buf.numel() * 4 / best / 1e9
+
+
+def detect(device: str) -> DeviceSpec:
+    """The spec of `device` ("cuda", "cuda:1", "cpu"): catalogue entry, else NVML, else measured."""
+    import torch
+
+    if device == "cpu":
+        gbps = measure_host_bandwidth()
+        return DeviceSpec("cpu", "host CPU", round(gbps, 1), 0, None,
+                          "measured on this host: best of 5 torch.sum passes over 256 MiB "
+                          "(no datasheet figure for a CPU)")
+    index = torch.device(device).index or 0
+    props = torch.cuda.get_device_properties(index)
+    spec = match_device_name(props.name)
+    if spec is not None:
+        return spec
+    peak = _nvml_peak(index)
+    if peak is None:
+        raise FloorlineError(
+            f"GPU '{props.name}' is not in the catalogue and NVML cannot report its memory clock; "
+            f"pass --gpu with one of: {', '.join(catalogue_names())}"
+        )
+    return DeviceSpec(props.name.lower().replace(" ", "-"), props.name, round(peak, 1),
+                      round(props.total_memory / 1e9, 1), props.multi_processor_count,
+                      "NVML: max memory clock x bus width x 2 (not a datasheet figure)")

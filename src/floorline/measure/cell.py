@@ -1,0 +1,108 @@
+"""One cell: model x GPU x context x path, measured against its memory floor."""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import asdict, dataclass, field
+
+from floorline.errors import FloorlineError
+from floorline.hardware import DeviceSpec
+from floorline.measure.timer import time_steps
+from floorline.models import resolve_model
+from floorline.paths import REGISTRY, PathUnavailable, open_session, parse_path, unavailable
+from floorline.paths.base import GRAPH_WARMUP_STEPS, compile_mode
+from floorline.stats import summarise
+from floorline.traffic import floor
+
+VALID = "valid"
+INVALID = "invalid"
+
+
+@dataclass(frozen=True)
+class CellKey:
+    model: str
+    ctx: int
+    path: str
+    steps: int
+    warmup: int
+
+
+@dataclass
+class CellResult:
+    key: CellKey
+    gpu: str
+    status: str
+    reason: str | None = None
+    samples_ms: list[float] = field(default_factory=list)
+    summary: dict | None = None
+    floor: dict | None = None
+    details: dict = field(default_factory=dict)
+
+    @property
+    def fraction_of_floor(self) -> float | None:
+        if self.summary is None or self.floor is None:
+            return None
+        return self.floor["floor_ms"] / self.summary["median_ms"]
+
+    @property
+    def achieved_gbps(self) -> float | None:
+        if self.summary is None or self.floor is None:
+            return None
+        return self.floor["total_bytes"] / (self.summary["median_ms"] * 1e6)
+
+
+def _is_out_of_memory(e: BaseException) -> bool:
+    import torch
+
+    return isinstance(e, torch.cuda.OutOfMemoryError) or (
+        isinstance(e, RuntimeError) and "can't allocate memory" in str(e)
+    )
+
+
+def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
+                 trust_remote_code: bool = False) -> CellResult:
+    """Measure one cell; every failure a user can meet comes back as an invalid cell."""
+    import torch
+
+    spec = parse_path(key.path)
+    path = REGISTRY[spec.base]
+    model = resolve_model(key.model, trust_remote_code)
+    cell = CellResult(key, gpu.name, INVALID)
+    cell.floor = floor(model, gpu, key.ctx, path.weight_format, path.kv_dtype).as_dict()
+    cell.details = {"seed": seed, "device": device, "peak_source": gpu.source,
+                    "real_weights": model.has_real_weights}
+    if spec.compile:
+        cell.details["compile_mode"] = compile_mode(device)
+    # Tokens the cache must hold: the context, then every step the session runs.
+    capacity = key.ctx + GRAPH_WARMUP_STEPS * spec.graphs + key.warmup + key.steps
+    limit = model.max_context
+    if limit is not None and capacity > limit:
+        cell.reason = (f"context above the model's limit: ctx {key.ctx} + {capacity - key.ctx} "
+                       f"decode steps > {limit} positions")
+        return cell
+    reason = unavailable(spec, device)
+    if reason is not None:
+        cell.reason = f"path unavailable: {reason}"
+        return cell
+    session = None
+    try:
+        with torch.no_grad():
+            session = open_session(spec, model, device, capacity, seed)
+            session.prefill(key.ctx)
+            cell.samples_ms = time_steps(session, device, key.steps, key.warmup)
+        cell.summary = asdict(summarise(cell.samples_ms))
+        cell.status = VALID
+    except PathUnavailable as e:
+        cell.reason = f"path unavailable: {e}"
+    except FloorlineError as e:
+        cell.reason = str(e)
+    except Exception as e:  # the cell is lost, not the sweep: record why
+        kind = "out of memory" if _is_out_of_memory(e) else "error"
+        cell.reason = f"{kind}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    finally:
+        if session is not None:
+            session.close()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return cell

@@ -1,0 +1,62 @@
+"""A grid of cells, measured one by one into the results database, resumable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+
+from floorline.hardware import DeviceSpec
+from floorline.measure.cell import CellKey, CellResult, measure_cell
+from floorline.measure.fingerprint import environment, fingerprint_key
+from floorline.models import resolve_model
+from floorline.models.zoo import DEMO_MODELS, STUDY_MODELS
+from floorline.paths import parse_path
+from floorline.store import Store
+
+STUDY_CONTEXTS = (2048, 4096, 8192, 16384)
+DEMO_CONTEXTS = (128, 512)
+DEMO_PATHS = ("hf-eager", "hf-static")
+
+
+@dataclass(frozen=True)
+class Grid:
+    models: tuple[str, ...]
+    contexts: tuple[int, ...]
+    paths: tuple[str, ...]
+
+    def cells(self, steps: int, warmup: int) -> list[CellKey]:
+        return [CellKey(m, c, p, steps, warmup)
+                for m, c, p in product(self.models, self.contexts, self.paths)]
+
+
+def default_grid(device: str) -> Grid:
+    """The study's grid on a GPU; the tiny CPU demo, through the same pipeline, elsewhere."""
+    if device.startswith("cuda"):
+        return Grid(STUDY_MODELS, STUDY_CONTEXTS, ("hf-eager",))
+    return Grid(DEMO_MODELS, DEMO_CONTEXTS, DEMO_PATHS)
+
+
+def check_grid(grid: Grid, trust_remote_code: bool) -> Grid:
+    """Fail before measuring anything on a name that can never run; paths in canonical form."""
+    for model in grid.models:
+        resolve_model(model, trust_remote_code)
+    return Grid(grid.models, grid.contexts, tuple(parse_path(p).name for p in grid.paths))
+
+
+class Sweep:
+    """Measures cells into `store`, skipping those already valid under this environment."""
+
+    def __init__(self, store: Store, device: str, gpu: DeviceSpec, *, force: bool = False,
+                 seed: int = 0, trust_remote_code: bool = False):
+        self.store, self.device, self.gpu = store, device, gpu
+        self.force, self.seed, self.trust_remote_code = force, seed, trust_remote_code
+        self.env = environment(device)
+        self.env_key = fingerprint_key(self.env)
+
+    def run_cell(self, key: CellKey) -> CellResult | None:
+        """The cell, committed to the database as soon as it ends; None when skipped."""
+        if not self.force and self.store.has_valid(key, self.env_key):
+            return None
+        result = measure_cell(key, self.device, self.gpu, self.seed, self.trust_remote_code)
+        self.store.add(result, self.env, self.env_key)
+        return result

@@ -1,0 +1,3 @@
+from floorline.models.zoo import ModelSpec, build_model, resolve_model, shipped_models
+
+__all__ = ["ModelSpec", "build_model", "resolve_model", "shipped_models"]

@@ -1,0 +1,49 @@
+"""Path registry: `hf-static+compile+graphs` -> a base path and its options."""
+
+from __future__ import annotations
+
+from floorline.errors import FloorlineError
+from floorline.paths.base import (
+    OPTIONS, GraphedSession, Path, PathSpec, PathUnavailable, Session, compile_mode,
+)
+from floorline.paths.hf import HFPath
+
+REGISTRY: dict[str, Path] = {p.name: p for p in (HFPath("dynamic"), HFPath("static"))}
+
+
+def parse_path(text: str) -> PathSpec:
+    base, *options = text.strip().split("+")
+    if base not in REGISTRY:
+        raise FloorlineError(f"unknown path '{text}'; base paths: {', '.join(REGISTRY)}")
+    for option in options:
+        if option not in OPTIONS:
+            raise FloorlineError(f"unknown option '+{option}' in path '{text}'; options: "
+                                 + ", ".join("+" + o for o in OPTIONS))
+    if len(set(options)) != len(options):
+        raise FloorlineError(f"path '{text}' repeats an option")
+    return PathSpec(base, "compile" in options, "graphs" in options)
+
+
+def unavailable(spec: PathSpec, device: str) -> str | None:
+    reason = REGISTRY[spec.base].unavailable(device)
+    if reason is None and spec.graphs and not device.startswith("cuda"):
+        reason = "+graphs needs a CUDA device"
+    return reason
+
+
+def open_session(spec: PathSpec, model, device: str, capacity: int, seed: int) -> Session:
+    session = REGISTRY[spec.base].open(model, device, capacity, seed)
+    try:
+        if (spec.compile or spec.graphs) and session.not_static:
+            raise PathUnavailable(f"{spec.base} cannot be compiled or captured in a CUDA graph "
+                                  f"here: {session.not_static}")
+        if spec.compile:
+            session.compile(compile_mode(device))
+        return GraphedSession(session) if spec.graphs else session
+    except BaseException:
+        session.close()
+        raise
+
+
+__all__ = ["REGISTRY", "Path", "PathSpec", "PathUnavailable", "Session", "open_session",
+           "parse_path", "unavailable"]

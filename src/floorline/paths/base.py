@@ -1,0 +1,104 @@
+"""The one contract every path implements, and the options (+compile, +graphs) any path gets.
+
+    session = path.open(model, device, capacity)   # build or load weights, allocate the cache
+    session.prefill(ctx)                            # fill the KV cache with ctx tokens
+    session.step()                                  # one new token; nothing for the timer to wait on
+    session.close()
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from floorline.errors import FloorlineError
+
+# Steps run eagerly on a side stream before capture: they allocate workspaces (cuBLAS) and
+# trigger compilation, which must not happen inside the graph.
+GRAPH_WARMUP_STEPS = 3
+
+
+class PathUnavailable(FloorlineError):
+    """The path cannot run here (library missing, no CUDA, shapes not static): an invalid cell."""
+
+
+class Session(ABC):
+    # None when step() reads and writes only fixed buffers of fixed shape and keeps no state on
+    # the host, so that it can be compiled without recompiling and captured once in a CUDA
+    # graph; otherwise why not.
+    not_static: str | None = "its step is not known to be static"
+
+    @abstractmethod
+    def prefill(self, ctx: int) -> None: ...
+
+    @abstractmethod
+    def step(self) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def compile(self, mode: str) -> None:
+        raise PathUnavailable(f"{type(self).__name__} has no compiled form")
+
+
+class Path(ABC):
+    name: str
+    weight_format = "bf16"
+    kv_dtype = "bf16"
+
+    def unavailable(self, device: str) -> str | None:
+        """Why this path cannot run on `device`, or None."""
+        return None
+
+    @abstractmethod
+    def open(self, model, device: str, capacity: int, seed: int) -> Session: ...
+
+
+class GraphedSession(Session):
+    """Captures the inner session's step once, after prefill, and replays it."""
+
+    not_static = None
+
+    def __init__(self, inner: Session):
+        self.inner = inner
+        self.graph = None
+
+    def prefill(self, ctx: int) -> None:
+        import torch
+
+        self.inner.prefill(ctx)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(GRAPH_WARMUP_STEPS):
+                self.inner.step()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.inner.step()
+
+    def step(self) -> None:
+        self.graph.replay()
+
+    def close(self) -> None:
+        self.graph = None
+        self.inner.close()
+
+
+@dataclass(frozen=True)
+class PathSpec:
+    base: str
+    compile: bool = False
+    graphs: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.base + ("+compile" if self.compile else "") + ("+graphs" if self.graphs else "")
+
+
+OPTIONS = ("compile", "graphs")
+
+
+def compile_mode(device: str) -> str:
+    # Inductor's GEMM autotuning pays on a GPU; CUDA graphs stay our own option (+graphs).
+    return "max-autotune-no-cudagraphs" if device.startswith("cuda") else "default"

@@ -1,0 +1,78 @@
+"""transformers' own decode: `hf-eager` (DynamicCache, the study's setup) and `hf-static`."""
+
+from __future__ import annotations
+
+import gc
+
+from floorline.paths.base import Path, Session
+from floorline.traffic import kv_layout
+
+
+class HFSession(Session):
+    def __init__(self, model, cache, device: str, seed: int, not_static: str | None):
+        self.model, self.cache, self.device, self.seed = model, cache, device, seed
+        self.not_static = not_static
+        self.forward = model.forward
+        self._recompile_guard = None
+
+    def prefill(self, ctx: int) -> None:
+        import torch
+
+        vocab = self.model.config.get_text_config().vocab_size
+        tokens = torch.randint(vocab, (1, ctx), generator=torch.Generator().manual_seed(self.seed))
+        tokens = tokens.to(self.device)
+        out = self.model(input_ids=tokens, past_key_values=self.cache, use_cache=True,
+                         cache_position=torch.arange(ctx, device=self.device), logits_to_keep=1)
+        # The step's only inputs and outputs: fixed buffers, updated in place.
+        self.token = out.logits[:, -1:].argmax(-1)
+        self.position = torch.tensor([ctx], device=self.device)
+
+    def step(self) -> None:
+        out = self.forward(input_ids=self.token, past_key_values=self.cache, use_cache=True,
+                           cache_position=self.position, position_ids=self.position.unsqueeze(0))
+        self.token.copy_(out.logits[:, -1:].argmax(-1))  # greedy sampling, on the device
+        self.position.add_(1)
+
+    def compile(self, mode: str) -> None:
+        import torch
+
+        self.forward = torch.compile(self.model.forward, mode=mode, fullgraph=True, dynamic=False)
+        # A recompile would silently run a different program than the one named: make it fail.
+        self._recompile_guard = torch._dynamo.config.patch(error_on_recompile=True)
+        self._recompile_guard.__enter__()
+
+    def close(self) -> None:
+        import torch
+
+        if self._recompile_guard is not None:
+            self._recompile_guard.__exit__(None, None, None)
+            torch._dynamo.reset()
+        self.model = self.cache = self.forward = self.token = self.position = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+class HFPath(Path):
+    def __init__(self, cache: str):
+        self.cache_kind = cache
+        self.name = {"dynamic": "hf-eager", "static": "hf-static"}[cache]
+
+    def open(self, model, device: str, capacity: int, seed: int) -> Session:
+        import torch
+        from transformers import DynamicCache, StaticCache
+
+        from floorline.models import build_model
+
+        hf_model = build_model(model, device, torch.bfloat16, seed)
+        if self.cache_kind == "dynamic":
+            cache = DynamicCache(config=hf_model.config)
+            return HFSession(hf_model, cache, device, seed,
+                             "DynamicCache grows its tensors by one token every step")
+        cache = StaticCache(config=hf_model.config, max_cache_len=capacity)
+        _, windows = kv_layout(hf_model.config)
+        not_static = None
+        if any(w is not None for w in windows):
+            not_static = ("transformers' static sliding-window layers count tokens in a Python "
+                          "int, which a graph or a compiled step would freeze")
+        return HFSession(hf_model, cache, device, seed, not_static)

@@ -1,0 +1,170 @@
+"""The analytic memory floor: bytes one batch-1 decode step must move, over peak bandwidth.
+
+Parameters are counted from the model itself, built on the meta device, so that any decoder
+transformers can build is covered without per-architecture code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from functools import cache
+
+from floorline.errors import FloorlineError
+from floorline.hardware import DeviceSpec
+from floorline.models.zoo import ModelSpec
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How the weights of the decoder's linear layers are stored; everything else stays 16-bit
+    (32-bit under fp32). `group_size` weights share `group_bits` of scale/zero metadata;
+    group_size 0 means one group per output channel."""
+
+    name: str
+    bits: float
+    group_size: int = 0
+    group_bits: float = 0.0
+    dense_bits: int = 16  # norms, biases, embeddings and the LM head
+
+    def linear_bytes(self, out_features: int, in_features: int) -> float:
+        n = out_features * in_features
+        groups = out_features if self.group_size == 0 else n / self.group_size
+        return (n * self.bits + groups * self.group_bits) / 8
+
+
+WEIGHT_FORMATS = {
+    f.name: f
+    for f in (
+        WeightFormat("bf16", 16),
+        WeightFormat("fp16", 16),
+        WeightFormat("fp32", 32, dense_bits=32),
+        WeightFormat("int8", 8, 0, 16),  # one fp16 scale per output channel
+        WeightFormat("int4-g128", 4, 128, 32),  # fp16 scale + fp16 zero per 128 (GPTQ/AWQ)
+        WeightFormat("nf4", 4, 64, 32),  # bitsandbytes: fp32 absmax per 64
+        WeightFormat("nf4-dq", 4, 64, 8 + 32 / 256),  # double quant: int8 absmax, fp32 per 256
+    )
+}
+KV_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    total: int  # unique parameters (a tied table once)
+    input_embedding: int
+    tied: bool
+    hidden_size: int
+    linear_shapes: tuple[tuple[int, int], ...]  # (out, in) of every linear but the LM head
+    linear_bias: int  # bias elements of those linears
+
+
+@dataclass(frozen=True)
+class Floor:
+    model: str
+    gpu: str
+    ctx: int
+    weight_format: str
+    kv_dtype: str
+    weight_bytes: int
+    kv_bytes: int
+    total_bytes: int
+    peak_gbps: float
+    floor_ms: float
+    total_bytes_all_params: int
+    floor_ms_all_params: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@cache
+def count_parameters(spec: ModelSpec) -> ParamCounts:
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(
+                spec.config, trust_remote_code=spec.trust_remote_code
+            )
+    except Exception as e:  # transformers raises many kinds for configs it cannot build
+        raise FloorlineError(f"{spec.name}: cannot build the model from its config ({e})") from None
+    embed = model.get_input_embeddings().weight
+    head_module = model.get_output_embeddings()
+    head = head_module.weight if head_module is not None else None
+    shapes, bias = [], 0
+    for module in model.modules():
+        if module is head_module:
+            continue
+        if isinstance(module, torch.nn.Linear):
+            shapes.append((module.out_features, module.in_features))
+        elif isinstance(module, Conv1D):  # GPT-2 style: weight is (in, out)
+            shapes.append((module.weight.shape[1], module.weight.shape[0]))
+        else:
+            continue
+        bias += module.bias.numel() if module.bias is not None else 0
+    return ParamCounts(
+        total=sum(p.numel() for p in model.parameters()),
+        input_embedding=embed.numel(),
+        tied=head is not None and head is embed,
+        hidden_size=embed.shape[1],
+        linear_shapes=tuple(shapes),
+        linear_bias=bias,
+    )
+
+
+def weight_bytes(counts: ParamCounts, fmt: WeightFormat) -> int:
+    """Weights one step reads: all but the input table, of which one row (a tied table is read
+    whole, once, as the LM head)."""
+    linear_params = sum(o * i for o, i in counts.linear_shapes) + counts.linear_bias
+    dense = counts.total - linear_params
+    if not counts.tied:
+        dense -= counts.input_embedding - counts.hidden_size
+    linear = sum(fmt.linear_bytes(o, i) for o, i in counts.linear_shapes)
+    return round(linear + (counts.linear_bias + dense) * fmt.dense_bits / 8)
+
+
+def kv_layout(config) -> tuple[int, list[int | None]]:
+    """Bytes per cached token per layer per element-byte (2 x kv heads x head dim), and each
+    layer's attention window (None = full attention)."""
+    cfg = config.get_text_config()
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    window = getattr(cfg, "sliding_window", None)
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is None:
+        windowed = window is not None and getattr(cfg, "use_sliding_window", True)
+        layer_types = ["sliding_attention" if windowed else "full_attention"] * cfg.num_hidden_layers
+    windows = [window if "sliding" in t else None for t in layer_types]
+    return 2 * kv_heads * head_dim, windows
+
+
+def kv_bytes(config, ctx: int, kv_dtype: str) -> int:
+    """K and V of `ctx` cached tokens in every layer (at most the window in a windowed layer),
+    plus the new token's K and V written."""
+    per_token, windows = kv_layout(config)
+    b = KV_DTYPE_BYTES[kv_dtype]
+    return sum(per_token * b * ((ctx if w is None else min(ctx, w)) + 1) for w in windows)
+
+
+def floor(spec: ModelSpec, gpu: DeviceSpec, ctx: int, weight_format: str = "bf16",
+          kv_dtype: str = "bf16") -> Floor:
+    if weight_format not in WEIGHT_FORMATS:
+        raise FloorlineError(f"unknown weight format '{weight_format}'; known: {', '.join(WEIGHT_FORMATS)}")
+    if kv_dtype not in KV_DTYPE_BYTES:
+        raise FloorlineError(f"unknown KV dtype '{kv_dtype}'; known: {', '.join(KV_DTYPE_BYTES)}")
+    fmt = WEIGHT_FORMATS[weight_format]
+    counts = count_parameters(spec)
+    w = weight_bytes(counts, fmt)
+    kv = kv_bytes(spec.config, ctx, kv_dtype)
+    # The study's convention: every parameter (the whole input table too) plus the KV cache.
+    all_params = w + (0 if counts.tied else counts.input_embedding - counts.hidden_size) * fmt.dense_bits // 8
+    bytes_per_ms = gpu.peak_gbps * 1e6
+    return Floor(
+        model=spec.name, gpu=gpu.name, ctx=ctx, weight_format=weight_format, kv_dtype=kv_dtype,
+        weight_bytes=w, kv_bytes=kv, total_bytes=w + kv, peak_gbps=gpu.peak_gbps,
+        floor_ms=(w + kv) / bytes_per_ms,
+        total_bytes_all_params=all_params + kv,
+        floor_ms_all_params=(all_params + kv) / bytes_per_ms,
+    )
