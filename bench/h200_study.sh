@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DB=${DB:-bench/results/h200.db}
+mkdir -p "$(dirname "$DB")"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 fl() { python3 -m floorline "$@"; }
 stage=${1:-all}

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 from floorline.errors import FloorlineError
 from floorline.hardware import DeviceSpec
+from floorline.measure.fingerprint import clocks
 from floorline.measure.timer import time_steps
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, PathUnavailable, open_session, parse_path, unavailable
@@ -90,6 +91,7 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
             session = open_session(spec, model, device, capacity, seed)
             session.prefill(key.ctx)
             cell.samples_ms = time_steps(session, device, key.steps, key.warmup)
+            cell.details["clocks_after_timing"] = clocks(device)
         cell.summary = asdict(summarise(cell.samples_ms))
         cell.status = VALID
     except PathUnavailable as e:

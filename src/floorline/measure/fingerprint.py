@@ -8,25 +8,40 @@ import platform
 
 import floorline
 
-# What must match for a stored cell to count as already measured; clocks are recorded only.
+# What must match for a stored cell to count as already measured; clocks are only recorded.
 KEY_FIELDS = ("device", "driver", "cuda", "torch", "transformers", "floorline")
 
 
-def _nvml(index: int) -> dict:
-    try:
-        import pynvml
+def _nvml_handle(device: str):
+    import pynvml
+    import torch
 
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(index)
-        clocks = {
+    pynvml.nvmlInit()
+    return pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch.device(device).index or 0)
+
+
+def clocks(device: str) -> dict:
+    """SM and memory clocks now and at most, MHz; empty where NVML cannot read them."""
+    if not device.startswith("cuda"):
+        return {}
+    try:
+        nvml, h = _nvml_handle(device)
+        return {
             f"{kind}_{which}_mhz": fn(h, clock)
-            for kind, clock in (("sm", pynvml.NVML_CLOCK_SM), ("mem", pynvml.NVML_CLOCK_MEM))
-            for which, fn in (("clock", pynvml.nvmlDeviceGetClockInfo),
-                              ("max", pynvml.nvmlDeviceGetMaxClockInfo))
+            for kind, clock in (("sm", nvml.NVML_CLOCK_SM), ("mem", nvml.NVML_CLOCK_MEM))
+            for which, fn in (("clock", nvml.nvmlDeviceGetClockInfo),
+                              ("max", nvml.nvmlDeviceGetMaxClockInfo))
         }
-        return {"driver": pynvml.nvmlSystemGetDriverVersion(), "clocks": clocks}
-    except Exception:  # no NVML (CPU host, old driver): these fields stay empty
-        return {"driver": None, "clocks": {}}
+    except Exception:  # no NVML, or a driver too old for a query
+        return {}
+
+
+def _driver(device: str) -> str | None:
+    try:
+        nvml, _ = _nvml_handle(device)
+        return nvml.nvmlSystemGetDriverVersion()
+    except Exception:
+        return None
 
 
 def environment(device: str) -> dict:
@@ -41,12 +56,12 @@ def environment(device: str) -> dict:
         "cuda": torch.version.cuda,
     }
     if device.startswith("cuda"):
-        index = torch.device(device).index or 0
-        env["device"] = torch.cuda.get_device_name(index)
-        env.update(_nvml(index))
+        env["device"] = torch.cuda.get_device_name(torch.device(device).index or 0)
+        env["driver"] = _driver(device)
     else:
         env.update(device=f"cpu: {platform.processor() or platform.machine()}", driver=None,
-                   clocks={}, cuda=None)
+                   cuda=None)
+    env["clocks_at_start"] = clocks(device)
     return env
 
 

@@ -1,0 +1,29 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CONFIGS = Path(__file__).parents[1] / "src" / "floorline" / "models" / "configs"
+
+
+def shipped_config(name: str) -> dict:
+    return json.loads((CONFIGS / f"{name}.json").read_text())
+
+
+def run_cli(*args, cwd=None, check=False, timeout=600):
+    """`floorline ARGS` in a fresh interpreter, as a user runs it."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("FLOORLINE_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-m", "floorline", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, env=env, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"floorline {args} failed ({proc.returncode}):\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def cli():
+    return run_cli

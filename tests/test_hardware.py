@@ -1,0 +1,58 @@
+import pytest
+
+from floorline.errors import FloorlineError
+from floorline.hardware import CATALOGUE, lookup, match_device_name, peak_from_nvml
+
+REQUIRED = ["h100-sxm5", "h100-pcie", "h200", "a100-80gb-sxm4", "a100-40gb", "l40s", "l4", "a10g",
+            "rtx-4090", "rtx-6000-ada", "jetson-agx-orin", "b200"]
+
+
+def test_catalogue_has_the_required_gpus_with_sources():
+    names = [g.name for g in CATALOGUE]
+    assert set(REQUIRED) <= set(names)
+    assert len(names) == len(set(names))
+    for g in CATALOGUE:
+        assert g.peak_gbps > 0 and g.memory_gb > 0 and g.sms > 0
+        assert len(g.source) > 20, g.name
+
+
+def test_study_bandwidths():
+    # The study's GPU set, as its page lists them (3350, 2039, 864, 300 GB/s).
+    assert [lookup(n).peak_gbps for n in ("h100-sxm5", "a100-80gb-sxm4", "l40s", "l4")] == [3350, 2039, 864, 300]
+
+
+@pytest.mark.parametrize("torch_name, expected", [
+    ("NVIDIA H200", "h200"),
+    ("NVIDIA H100 80GB HBM3", "h100-sxm5"),
+    ("NVIDIA H100 PCIe", "h100-pcie"),
+    ("NVIDIA H100 NVL", None),           # 94 GB, 3.9 TB/s: not catalogued, NVML decides
+    ("NVIDIA A100-SXM4-80GB", "a100-80gb-sxm4"),
+    ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+    ("NVIDIA A100-PCIE-40GB", "a100-40gb"),
+    ("NVIDIA A100 80GB PCIe", None),     # 1935 GB/s, not the SXM part
+    ("NVIDIA L40S", "l40s"),
+    ("NVIDIA L40", None),
+    ("NVIDIA L4", "l4"),
+    ("NVIDIA A10G", "a10g"),
+    ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+    ("NVIDIA RTX 6000 Ada Generation", "rtx-6000-ada"),
+    ("Orin", "jetson-agx-orin"),
+    ("NVIDIA B200", "b200"),
+    ("Tesla T4", None),
+])
+def test_detection_by_device_name(torch_name, expected):
+    spec = match_device_name(torch_name)
+    assert (spec.name if spec else None) == expected
+
+
+def test_nvml_peak_reproduces_datasheets():
+    # NVML's max memory clock x bus width x 2, on clocks these cards report.
+    assert peak_from_nvml(2619, 5120) == pytest.approx(3352, rel=1e-3)  # H100 SXM5
+    assert peak_from_nvml(10501, 384) == pytest.approx(1008, rel=1e-3)  # RTX 4090
+    assert peak_from_nvml(6251, 192) == pytest.approx(300, rel=1e-3)  # L4
+
+
+def test_unknown_gpu_name():
+    with pytest.raises(FloorlineError, match="unknown GPU 'h300'"):
+        lookup("h300")
+    assert lookup("H200").name == "h200"

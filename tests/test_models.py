@@ -1,0 +1,59 @@
+import json
+
+import pytest
+import torch
+
+from conftest import shipped_config
+from floorline.errors import FloorlineError
+from floorline.models import build_model, resolve_model
+
+
+def test_random_weights_are_seeded_realistic_and_not_zero():
+    spec = resolve_model("tiny-llama")
+    a = build_model(spec, "cpu", torch.bfloat16, seed=1)
+    b = build_model(spec, "cpu", torch.bfloat16, seed=1)
+    c = build_model(spec, "cpu", torch.bfloat16, seed=2)
+    wa = a.model.layers[0].mlp.up_proj.weight.float()
+    assert torch.equal(wa, b.model.layers[0].mlp.up_proj.weight.float())
+    assert not torch.equal(wa, c.model.layers[0].mlp.up_proj.weight.float())
+    assert wa.std().item() == pytest.approx(0.02, rel=0.1)  # the config's initializer_range
+    for name, p in a.named_parameters():
+        assert p.abs().sum() > 0, name
+
+
+def test_local_directory_with_safetensors_loads_real_weights(tmp_path):
+    original = build_model(resolve_model("tiny-qwen2"), "cpu", torch.bfloat16, seed=7)
+    original.save_pretrained(tmp_path, safe_serialization=True)
+    assert list(tmp_path.glob("*.safetensors"))
+    spec = resolve_model(str(tmp_path))
+    assert spec.has_real_weights
+    loaded = build_model(spec, "cpu", torch.bfloat16, seed=0)
+    for (n, p), (_, q) in zip(original.named_parameters(), loaded.named_parameters()):
+        assert torch.equal(p, q), n
+
+
+def test_local_directory_without_weights_builds_random_ones(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(shipped_config("tiny-llama")))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"pickle files are never read")
+    spec = resolve_model(str(tmp_path))
+    assert not spec.has_real_weights
+    assert build_model(spec, "cpu", torch.bfloat16).model.layers[0].self_attn.q_proj.weight.std() > 0
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "has no config.json"),
+    ("{not json", "is not valid JSON"),
+    ('{"hidden_size": 8}', "has no 'model_type'"),
+    ('{"model_type": "no-such-arch"}', "transformers cannot build this config"),
+    ('{"model_type": "llama", "auto_map": {"AutoModelForCausalLM": "x.Y"}}', "--trust-remote-code"),
+])
+def test_bad_local_configs(tmp_path, content, message):
+    if content is not None:
+        (tmp_path / "config.json").write_text(content)
+    with pytest.raises(FloorlineError, match=message):
+        resolve_model(str(tmp_path))
+
+
+def test_unknown_model_name():
+    with pytest.raises(FloorlineError, match="unknown model 'qwen9'"):
+        resolve_model("qwen9")

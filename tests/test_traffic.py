@@ -1,0 +1,120 @@
+"""The analytic floor against independent arithmetic from each config.json's own fields."""
+
+import pytest
+
+from conftest import shipped_config
+from floorline.hardware import lookup
+from floorline.models import resolve_model, shipped_models
+from floorline.traffic import WEIGHT_FORMATS, count_parameters, floor
+
+
+def expected_counts(cfg: dict) -> tuple[int, int, int]:
+    """(total unique params, input embedding params, params of the decoder's linears) for the
+    Llama / Qwen2 / Mistral family, counted by hand."""
+    h, inter, layers, vocab = (cfg["hidden_size"], cfg["intermediate_size"],
+                               cfg["num_hidden_layers"], cfg["vocab_size"])
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim", h // heads)
+    linears = h * heads * hd + 2 * h * kv * hd + heads * hd * h + 3 * h * inter
+    bias = (heads * hd + 2 * kv * hd) if cfg["model_type"] == "qwen2" else 0
+    per_layer = linears + bias + 2 * h  # two RMSNorms
+    embed = vocab * h
+    head = 0 if cfg["tie_word_embeddings"] else vocab * h
+    return layers * per_layer + embed + head + h, embed, layers * linears
+
+
+def expected_kv_bytes(cfg: dict, ctx: int, elem: int = 2) -> int:
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    hd = cfg.get("head_dim", h // heads)
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    read = ctx if window is None else min(ctx, window)
+    return cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * hd * elem * (read + 1)
+
+
+@pytest.mark.parametrize("name", shipped_models())
+@pytest.mark.parametrize("ctx", [1, 300, 2048, 16384])
+def test_bf16_floor_matches_hand_count(name, ctx):
+    cfg = shipped_config(name)
+    total, embed, _ = expected_counts(cfg)
+    weights = (total if cfg["tie_word_embeddings"] else total - embed + cfg["hidden_size"]) * 2
+    kv = expected_kv_bytes(cfg, ctx)
+    f = floor(resolve_model(name), lookup("l4"), ctx)
+    assert count_parameters(resolve_model(name)).total == total
+    assert (f.weight_bytes, f.kv_bytes, f.total_bytes) == (weights, kv, weights + kv)
+    assert f.floor_ms == pytest.approx((weights + kv) / 300e9 * 1e3, rel=1e-12)
+    all_params = total * 2 + kv
+    assert f.total_bytes_all_params == all_params
+    assert f.floor_ms_all_params == pytest.approx(all_params / 300e9 * 1e3, rel=1e-12)
+
+
+def test_qwen_reference_counts_and_h200_floor():
+    # The issue's reference counts and ../shared/BASELINES.md's H200 floors (2.97 / 3.14 ms).
+    counts = count_parameters(resolve_model("qwen2.5-7b"))
+    assert (counts.total, counts.input_embedding, counts.tied) == (7_615_616_512, 544_997_376, False)
+    h200 = lookup("h200")
+    assert floor(resolve_model("qwen2.5-7b"), h200, 2048).floor_ms == pytest.approx(2.97, abs=0.005)
+    assert floor(resolve_model("qwen2.5-7b"), h200, 16384).floor_ms == pytest.approx(3.14, abs=0.005)
+    assert floor(resolve_model("qwen2.5-7b"), h200, 2048).weight_bytes == 14_141_245_440
+
+
+def test_sliding_window_caps_kv_reads():
+    spec = resolve_model("tiny-mistral-swa")  # window 256
+    at_window = floor(spec, lookup("l4"), 256).kv_bytes
+    assert floor(spec, lookup("l4"), 4000).kv_bytes == at_window
+    assert floor(spec, lookup("l4"), 100).kv_bytes < at_window
+
+
+@pytest.mark.parametrize("fmt, bits_per_weight", [("int4-g128", 4 + 32 / 128), ("nf4", 4 + 32 / 64),
+                                                  ("int8", None), ("fp32", 32)])
+def test_quantised_formats(fmt, bits_per_weight):
+    cfg = shipped_config("llama-3.1-8b")
+    total, embed, linears = expected_counts(cfg)
+    h = cfg["hidden_size"]
+    dense = total - linears - embed + h  # norms, the LM head and one embedding row
+    if fmt == "int8":  # one fp16 scale per output row of each linear
+        per_layer_rows = (cfg["num_attention_heads"] * 128 + 2 * cfg["num_key_value_heads"] * 128
+                          + h + 2 * cfg["intermediate_size"] + h)
+        linear_bytes = linears + 2 * cfg["num_hidden_layers"] * per_layer_rows
+    else:
+        linear_bytes = linears * bits_per_weight / 8
+    dense_bytes = dense * (4 if fmt == "fp32" else 2)
+    f = floor(resolve_model("llama-3.1-8b"), lookup("h100-sxm5"), 2048, weight_format=fmt)
+    assert f.weight_bytes == round(linear_bytes + dense_bytes)
+
+
+def test_kv_dtype_scales_kv_bytes():
+    spec = resolve_model("qwen2.5-7b")
+    bf16 = floor(spec, lookup("h200"), 8192).kv_bytes
+    assert floor(spec, lookup("h200"), 8192, kv_dtype="fp8").kv_bytes * 2 == bf16
+    assert floor(spec, lookup("h200"), 8192, kv_dtype="fp32").kv_bytes == 2 * bf16
+
+
+def test_unknown_formats_are_refused():
+    from floorline.errors import FloorlineError
+
+    with pytest.raises(FloorlineError, match="unknown weight format"):
+        floor(resolve_model("tiny-llama"), lookup("l4"), 16, weight_format="int3")
+    with pytest.raises(FloorlineError, match="unknown KV dtype"):
+        floor(resolve_model("tiny-llama"), lookup("l4"), 16, kv_dtype="int2")
+
+
+def test_any_transformers_decoder_is_counted(tmp_path):
+    # GPT-2: Conv1D layers, learned position embeddings, tied head; no floorline-specific code.
+    import json
+
+    from transformers import GPT2Config
+
+    cfg = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=500, n_positions=128)
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    spec = resolve_model(str(tmp_path))
+    counts = count_parameters(spec)
+    h = 64
+    per_layer = (h * 3 * h + 3 * h) + (h * h + h) + (h * 4 * h + 4 * h) + (4 * h * h + h) + 4 * h
+    assert counts.total == 2 * per_layer + 500 * h + 128 * h + 2 * h
+    assert counts.tied
+    assert floor(spec, lookup("l4"), 10).weight_bytes == counts.total * 2
+    assert floor(spec, lookup("l4"), 10).kv_bytes == 2 * 2 * h * 2 * 11
+
+
+def test_weight_formats_cover_the_study():
+    assert {"bf16", "int4-g128", "nf4"} <= set(WEIGHT_FORMATS)
