@@ -20,6 +20,6 @@ if [[ $stage == compile || $stage == all ]]; then
   fl sweep --db "$DB" --models qwen2.5-7b --ctx 2048,16384 --paths hf-static+compile+graphs
 fi
 python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" "$DB"
-fl show --db "$DB" --json > bench/results/h200_cells.json
-fl show --db "$DB" --csv > bench/results/h200_cells.csv
+fl show --db "$DB" --json > "${DB%.db}_cells.json"
+fl show --db "$DB" --csv > "${DB%.db}_cells.csv"
 fl show --db "$DB"

@@ -233,7 +233,7 @@ def main() -> None:
     try:
         app()
     except FloorlineError as e:
-        err.print(f"floorline: error: {e}", highlight=False, markup=False)
+        err.print(f"floorline: error: {e}", highlight=False, markup=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("floorline: interrupted; every finished cell is in the database")
@@ -242,5 +242,6 @@ def main() -> None:
         if os.environ.get("FLOORLINE_DEBUG"):
             raise
         err.print(f"floorline: internal error: {type(e).__name__}: {e} "
-                  "(FLOORLINE_DEBUG=1 shows the traceback)", highlight=False, markup=False)
+                  "(FLOORLINE_DEBUG=1 shows the traceback)", highlight=False, markup=False,
+                  soft_wrap=True)
         sys.exit(1)

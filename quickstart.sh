@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# ./quickstart.sh demo   set up .venv, then run the main job (the study's sweep on a GPU; the
+#                        tiny CPU demo without one) and show the results database
+# ./quickstart.sh test   set up .venv, then run the test suite
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=${VENV:-.venv}
+if [[ ! -x $VENV/bin/floorline ]]; then
+  # System packages stay visible so that a machine's own CUDA build of torch is used as it is.
+  python3 -m venv --system-site-packages "$VENV"
+  "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/python" -m pip install -q torch==2.13.0
+  "$VENV/bin/python" -m pip install -q -e '.[test]'
+fi
+case "${1:-}" in
+  demo) "$VENV/bin/floorline" sweep && "$VENV/bin/floorline" show ;;
+  test) "$VENV/bin/python" -m pytest -q ;;
+  *) echo "usage: ./quickstart.sh demo|test" >&2; exit 2 ;;
+esac

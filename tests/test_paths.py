@@ -1,0 +1,64 @@
+import pytest
+import torch
+
+from floorline.errors import FloorlineError
+from floorline.models import build_model, resolve_model
+from floorline.paths import PathUnavailable, open_session, parse_path, unavailable
+
+
+def test_path_names_are_canonical():
+    assert parse_path("hf-static+graphs+compile").name == "hf-static+compile+graphs"
+    assert parse_path("hf-eager").name == "hf-eager"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("vllm", "unknown path 'vllm'"),
+    ("hf-static+turbo", r"unknown option '\+turbo'"),
+    ("hf-static+graphs+graphs", "repeats an option"),
+])
+def test_bad_path_names(text, message):
+    with pytest.raises(FloorlineError, match=message):
+        parse_path(text)
+
+
+def test_graphs_need_cuda():
+    assert unavailable(parse_path("hf-static+graphs"), "cpu") == "+graphs needs a CUDA device"
+    assert unavailable(parse_path("hf-static"), "cpu") is None
+
+
+def decode(path: str, model: str, ctx: int, steps: int) -> list[int]:
+    """Greedy tokens a path's session produces after a `ctx`-token prefill."""
+    with torch.no_grad():
+        session = open_session(parse_path(path), resolve_model(model), "cpu", ctx + steps, seed=5)
+        session.prefill(ctx)
+        tokens = [session.token.item()]
+        for _ in range(steps):
+            session.step()
+            tokens.append(session.token.item())
+        session.close()
+    return tokens
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen2"])
+@pytest.mark.parametrize("path", ["hf-eager", "hf-static"])
+def test_a_step_decodes_what_generate_decodes(model, path):
+    # Reference: transformers' own greedy generate on the same weights and prompt.
+    ctx, steps = 24, 6
+    hf = build_model(resolve_model(model), "cpu", torch.bfloat16, seed=5)
+    prompt = torch.randint(hf.config.vocab_size, (1, ctx), generator=torch.Generator().manual_seed(5))
+    expected = hf.generate(prompt, max_new_tokens=steps + 1, do_sample=False,
+                           min_new_tokens=steps + 1)[0, ctx:].tolist()
+    assert decode(path, model, ctx, steps) == expected
+
+
+def test_compiled_static_step_decodes_the_same():
+    assert decode("hf-static+compile", "tiny-llama", 16, 4) == decode("hf-static", "tiny-llama", 16, 4)
+
+
+@pytest.mark.parametrize("path, model, message", [
+    ("hf-eager+compile", "tiny-llama", "DynamicCache grows"),
+    ("hf-static+compile", "tiny-mistral-swa", "sliding-window"),
+])
+def test_options_refused_where_the_step_is_not_static(path, model, message):
+    with pytest.raises(PathUnavailable, match=message):
+        open_session(parse_path(path), resolve_model(model), "cpu", 64, seed=0)

@@ -1,0 +1,173 @@
+"""The sweep as a user runs it: end to end on tiny models, resumption, a killed run, two
+writers, and the bad inputs a user gives."""
+
+import csv
+import io
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import run_cli
+from floorline.hardware import lookup
+from floorline.models import resolve_model
+from floorline.traffic import floor
+
+GPU = "l4"  # a catalogue entry, so that the floor does not depend on this host's bandwidth
+
+
+def rows(db):
+    return json.loads(run_cli("show", "--db", db, "--json", check=True).stdout)
+
+
+def test_sweep_end_to_end(tmp_path):
+    db = tmp_path / "r.db"
+    proc = run_cli("sweep", "--db", db, "--models", "tiny-llama,tiny-qwen2", "--ctx", "32,64",
+                   "--paths", "hf-eager,hf-static,hf-static+graphs", "--steps", "5",
+                   "--warmup", "2", "--gpu", GPU, check=True)
+    assert "12 measured, 0 already valid" in proc.stdout
+    cells = rows(db)
+    assert len(cells) == 12
+    for c in cells:
+        if c["path"] == "hf-static+graphs":  # no CUDA here: an invalid cell with its reason
+            assert c["status"] == "invalid" and c["reason"] == "path unavailable: +graphs needs a CUDA device"
+            assert c["median_ms"] is None and c["samples_ms"] == []
+            continue
+        assert c["status"] == "valid", c["reason"]
+        f = floor(resolve_model(c["model"]), lookup(GPU), c["ctx"])
+        assert (c["total_bytes"], c["floor_ms"]) == (f.total_bytes, pytest.approx(f.floor_ms))
+        samples = sorted(c["samples_ms"])
+        assert len(samples) == 5 and c["median_ms"] == samples[2]
+        assert c["fraction_of_floor"] == pytest.approx(c["floor_ms"] / c["median_ms"])
+        assert c["achieved_gbps"] == pytest.approx(c["total_bytes"] / c["median_ms"] / 1e6)
+        assert c["fingerprint"]["torch"] and c["details"]["seed"] == 0
+    table = csv.DictReader(io.StringIO(run_cli("show", "--db", db, "--csv", check=True).stdout))
+    assert len(list(table)) == 12
+
+
+def test_resume_skips_valid_cells_and_force_remeasures(tmp_path):
+    db = tmp_path / "r.db"
+    args = ("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "16,32", "--steps", "3",
+            "--paths", "hf-eager,hf-static+graphs", "--gpu", GPU)
+    run_cli(*args, check=True)
+    first = {c["id"] for c in rows(db)}
+    again = run_cli(*args, check=True)
+    # The two valid cells are skipped; the invalid ones are tried again.
+    assert "2 measured, 2 already valid" in again.stdout
+    assert sum(c["status"] == "valid" for c in rows(db)) == 2
+    run_cli(*args, "--force", check=True)
+    history = json.loads(run_cli("show", "--db", db, "--json", "--all", check=True).stdout)
+    assert len(history) == 4 + 2 + 4 and first < {c["id"] for c in history}
+
+
+def test_a_killed_sweep_keeps_its_cells_and_resumes(tmp_path):
+    db = tmp_path / "r.db"
+    contexts = "16,24,32,40,48,56,64,72"
+    args = [sys.executable, "-m", "floorline", "sweep", "--db", str(db), "--models", "tiny-llama",
+            "--ctx", contexts, "--paths", "hf-eager", "--steps", "60", "--gpu", GPU]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    done = 0
+    while time.time() < deadline and done < 2:
+        time.sleep(0.2)
+        if db.exists():
+            try:
+                done = sqlite3.connect(db).execute("SELECT COUNT(*) FROM cells").fetchone()[0]
+            except sqlite3.OperationalError:
+                pass
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    kept = rows(db)
+    assert 2 <= len(kept) < 8, "the sweep should die halfway"
+    assert all(c["status"] == "valid" and len(c["samples_ms"]) == 60 for c in kept)
+    assert sqlite3.connect(db).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    resumed = run_cli(*args[3:], check=True)
+    assert f"{8 - len(kept)} measured, {len(kept)} already valid" in resumed.stdout
+    final = rows(db)
+    assert sorted(c["ctx"] for c in final) == [int(c) for c in contexts.split(",")]
+    assert {c["id"] for c in kept} <= {c["id"] for c in final}
+
+
+def test_two_sweeps_on_one_database_lose_nothing(tmp_path):
+    db = tmp_path / "r.db"
+    base = [sys.executable, "-m", "floorline", "sweep", "--db", str(db), "--paths", "hf-eager",
+            "--steps", "3", "--gpu", GPU]
+    procs = [subprocess.Popen(base + ["--models", m, "--ctx", "8,16,24,32,40,48"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for m in ("tiny-llama", "tiny-qwen2")]
+    for p in procs:
+        assert p.wait(timeout=300) == 0, p.stderr.read()
+    assert len(rows(db)) == 12
+
+
+def test_context_above_the_model_limit_is_an_invalid_cell(tmp_path):
+    db = tmp_path / "r.db"
+    proc = run_cli("sweep", "--db", db, "--models", "tiny-qwen2", "--ctx", "16,1020",
+                   "--steps", "4", "--gpu", GPU, "--paths", "hf-eager")
+    assert proc.returncode == 0
+    by_ctx = {c["ctx"]: c for c in rows(db)}
+    assert by_ctx[16]["status"] == "valid"
+    assert by_ctx[1020]["status"] == "invalid"
+    assert by_ctx[1020]["reason"].startswith("context above the model's limit")
+
+
+def one_line_error(proc, *fragments):
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    for f in fragments:
+        assert f in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["floor", "--model", "qwen9", "--gpu", "h200"], ["unknown model 'qwen9'"]),
+    (["floor", "--model", "qwen2.5-7b", "--gpu", "h300"], ["unknown GPU 'h300'"]),
+    (["floor", "--model", "qwen2.5-7b"], ["pass --gpu"]),
+    (["floor", "--model", "qwen2.5-7b", "--gpu", "h200", "--ctx", "-5"], ["positive", "-5"]),
+    (["floor", "--model", "qwen2.5-7b", "--gpu", "h200", "--ctx", "2k"], ["whole number", "'2k'"]),
+    (["sweep", "--models", "tiny-llama", "--ctx", "abc"], ["whole number", "'abc'"]),
+    (["sweep", "--models", "nope"], ["unknown model 'nope'"]),
+    (["sweep", "--models", "tiny-llama", "--paths", "hf-turbo"], ["unknown path 'hf-turbo'"]),
+    (["sweep", "--models", "tiny-llama", "--device", "cuda"], ["no CUDA device"]),
+    (["sweep", "--models", "tiny-llama", "--db", "/proc/no/such/dir/x.db", "--gpu", GPU],
+     ["cannot use results database"]),
+    (["show", "--db", "/nonexistent/r.db"], ["no results database"]),
+])
+def test_bad_input_is_one_clear_line(args, fragments):
+    one_line_error(run_cli(*args), *fragments)
+
+
+def test_bad_model_directories(tmp_path):
+    one_line_error(run_cli("floor", "--model", tmp_path, "--gpu", "h200"), "has no config.json")
+    (tmp_path / "config.json").write_text("{oops")
+    one_line_error(run_cli("floor", "--model", tmp_path, "--gpu", "h200"), "not valid JSON")
+
+
+def test_a_file_that_is_not_a_database(tmp_path):
+    bogus = tmp_path / "r.db"
+    bogus.write_text("not sqlite at all, just some text " * 100)
+    one_line_error(run_cli("show", "--db", bogus), "cannot use results database")
+
+
+def test_floor_json(tmp_path):
+    proc = run_cli("floor", "--model", "qwen2.5-7b", "--gpu", "h200", "--ctx", "2048,16384",
+                   "--json", check=True)
+    out = json.loads(proc.stdout)
+    assert [o["ctx"] for o in out] == [2048, 16384]
+    keys = {"model", "gpu", "ctx", "weight_bytes", "kv_bytes", "total_bytes", "peak_gbps",
+            "floor_ms", "total_bytes_all_params", "floor_ms_all_params"}
+    assert keys <= set(out[0])
+    assert out[0]["floor_ms"] == pytest.approx(out[0]["total_bytes"] / 4.8e9)
+
+
+def test_listing_commands():
+    models = run_cli("models", check=True).stdout
+    assert "qwen2.5-7b" in models and "7.616 B" in models
+    gpus = run_cli("gpus", check=True).stdout
+    assert "jetson-agx-orin" in gpus and "4800" in gpus
