@@ -134,16 +134,22 @@ def floor_cmd(
     out.print(table)
 
 
-def cells_table(rows: list[dict], title: str) -> Table:
+def cells_table(rows: list[dict], title: str, probes: dict[str, dict]) -> Table:
+    """Cells with their fraction of the datasheet floor and, where this environment was probed,
+    of the floor at the measured streaming-read bandwidth."""
     table = Table("model", "ctx", "path", "gpu", "status", "ms/step", "p10-p90 ms", "floor ms",
-                  "of floor", "GB/s", "reason", title=title)
+                  "of floor", "of measured", "GB/s", "reason", title=title)
+    pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
     for r in rows:
         spread = f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}" if r["p10_ms"] is not None else "-"
-        frac = f"{r['fraction_of_floor']:.1%}" if r["fraction_of_floor"] is not None else "-"
+        read = probes.get(r["fingerprint_key"], {}).get("stream_read_gbps")
+        of_measured = (r["total_bytes"] / (read * 1e6) / r["median_ms"]
+                       if read and r["median_ms"] else None)
         table.add_row(
             r["model"], str(r["ctx"]), r["path"], r["gpu"],
             r["status"] if r["status"] == "valid" else f"[red]{r['status']}[/red]",
-            _num(r["median_ms"], ".2f"), spread, _num(r["floor_ms"], ".3f"), frac,
+            _num(r["median_ms"], ".2f"), spread, _num(r["floor_ms"], ".3f"),
+            pct(r["fraction_of_floor"]), pct(of_measured),
             _num(r["achieved_gbps"], ".0f" if (r["achieved_gbps"] or 0) >= 100 else ".2f"),
             r["reason"] or "",
         )
@@ -200,7 +206,157 @@ def sweep(
     wanted = {(k.model, k.ctx, k.path, k.steps, k.warmup) for k in keys}
     rows = [r for r in runner.store.rows() if r["fingerprint_key"] == runner.env_key
             and (r["model"], r["ctx"], r["path"], r["steps"], r["warmup"]) in wanted]
-    out.print(cells_table(rows, f"{db}: {measured} measured, {skipped} already valid (skipped)"))
+    out.print(cells_table(rows, f"{db}: {measured} measured, {skipped} already valid (skipped)",
+                          runner.store.probes()))
+
+
+@app.command()
+def ab(
+    a: Annotated[str, typer.Option("--a", help="Baseline path, e.g. hf-static.")],
+    b: Annotated[str, typer.Option("--b", help="Treatment path, e.g. hf-static+graphs.")],
+    model: Annotated[str, typer.Option(help="Shipped name or local directory.")] = "qwen2.5-7b",
+    ctx: Annotated[str, typer.Option(help="Context length.")] = "2048",
+    sessions: Annotated[int, typer.Option(min=1, help="Fresh sessions (processes).")] = 10,
+    steps: Annotated[int, typer.Option(min=1, help="Timed steps per arm per session.")] = 64,
+    block: Annotated[int, typer.Option(min=1, help="Steps per block when arms alternate.")] = 8,
+    warmup: Annotated[int, typer.Option(min=0, help="Untimed steps per arm per session.")] = 8,
+    seed: Annotated[Optional[int], typer.Option(help="Seed of the arm order and the bootstrap; "
+                                                     "default: drawn and recorded.")] = None,
+    db: DB_OPTION = Path("floorline.db"),
+    device: Annotated[Optional[str], typer.Option(help="cuda, cuda:N or cpu.")] = None,
+    gpu: Annotated[Optional[str], typer.Option(help="Catalogue name; default: detected.")] = None,
+    trust_remote_code: bool = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """A/B of two paths over fresh sessions: speedup with a 95% BCa bootstrap interval."""
+    import random
+
+    from floorline.measure.ab import Plan, run_ab
+    from floorline.measure.fingerprint import environment, fingerprint_key
+    from floorline.paths import parse_path
+    from floorline.store import Store
+
+    device = check_device(device or default_device())
+    contexts = parse_contexts([ctx])
+    if len(contexts) != 1:
+        raise FloorlineError("ab takes one context length")
+    plan = Plan(parse_path(a).name, parse_path(b).name, model, contexts[0], device,
+                resolve_gpu(gpu, device).name, sessions, steps, block, warmup,
+                random.SystemRandom().randrange(2**31) if seed is None else seed,
+                trust_remote_code)
+    store = Store(db)
+    env = environment(device)
+    plan_dict = {**plan.__dict__, "paired": plan.paired}
+    experiment = store.start_ab(plan_dict, env, fingerprint_key(env))
+    err.print(f"A/B {plan.a} vs {plan.b}: {sessions} fresh sessions, "
+              f"{'paired (ABBA blocks in each session)' if plan.paired else 'unpaired (one process per arm)'}, "
+              f"seed {plan.seed}", highlight=False)
+
+    def on_session(s):
+        store.add_ab_session(experiment, s)
+        err.print(f"session {s.index}: " + (f"a {s.ms_a:.3f} ms, b {s.ms_b:.3f} ms, ratio {s.ratio:.3f} "
+                  f"(first {s.first_arm})" if s.status == "ok" else f"failed: {s.reason}"),
+                  highlight=False, markup=False)
+
+    summary = run_ab(plan, on_session)
+    result = summary.as_dict()
+    store.finish_ab(experiment, result)
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    table = Table("session", "first", f"{plan.a} ms", f"{plan.b} ms", "ratio a/b", "status")
+    for s in summary.sessions:
+        table.add_row(str(s.index), s.first_arm or "-", _num(s.ms_a, ".3f"), _num(s.ms_b, ".3f"),
+                      _num(s.ratio, ".4f"), s.status if s.status == "ok" else f"failed: {s.reason}")
+    out.print(table)
+    out.print(summary.sentence(), highlight=False)
+
+
+@app.command()
+def probe(
+    model: Annotated[Optional[str], typer.Option(help="Also GEMV bandwidth at this model's layer shapes.")] = None,
+    db: DB_OPTION = Path("floorline.db"),
+    device: Annotated[Optional[str], typer.Option(help="cuda, cuda:N or cpu.")] = None,
+    buffer_mib: Annotated[int, typer.Option(min=1, help="Size of each streamed buffer.")] = 1024,
+    trust_remote_code: bool = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
+    """Measured bandwidth and launch cost of this card, stored beside the cells."""
+    from floorline.measure.fingerprint import environment, fingerprint_key
+    from floorline.measure.probe import probe as run_probe
+    from floorline.models import resolve_model
+    from floorline.store import Store
+
+    device = check_device(device or default_device())
+    spec = resolve_model(model, trust_remote_code) if model else None
+    store = Store(db)
+    results = run_probe(device, spec, buffer_mib=buffer_mib, budget_mib=max(8 * buffer_mib, 2048))
+    env = environment(device)
+    store.add_probe(device, results, env, fingerprint_key(env))
+    if as_json:
+        print(json.dumps(results, indent=2))
+        return
+    table = Table("figure", "value", title=f"probe of {env['device']}: {results['method']}")
+    table.add_row("streaming read", f"{results['stream_read_gbps']:.0f} GB/s")
+    table.add_row("device copy (read + write)", f"{results['copy_gbps']:.0f} GB/s")
+    table.add_row("launch, eager PyTorch", f"{results['eager_us']:.2f} us/kernel")
+    for label, key, unit in (("launch, inside a CUDA graph", "graph_us", "us/kernel"),
+                             ("host synchronisation", "sync_us", "us")):
+        value = results[key]
+        table.add_row(label, "n/a without CUDA" if value is None else f"{value:.2f} {unit}")
+    for shape, gbps in results.get("gemv_gbps", {}).items():
+        table.add_row(f"GEMV {shape} bf16", f"{gbps:.0f} GB/s")
+    out.print(table)
+
+
+@app.command("explain")
+def explain_cmd(
+    model: Annotated[str, typer.Option(help="Shipped name or local directory.")] = "qwen2.5-7b",
+    ctx: Annotated[str, typer.Option(help="Context length.")] = "2048",
+    path: Annotated[str, typer.Option(help="Path, e.g. hf-static+graphs.")] = "hf-eager",
+    steps: Annotated[int, typer.Option(min=1, help="Steps timed, then profiled.")] = 16,
+    warmup: Annotated[int, typer.Option(min=0)] = 8,
+    db: DB_OPTION = Path("floorline.db"),
+    device: Annotated[Optional[str], typer.Option(help="cuda, cuda:N or cpu.")] = None,
+    gpu: Annotated[Optional[str], typer.Option(help="Catalogue name; default: detected.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
+    """Where each millisecond of one cell goes: kernels, busy time, gaps, time per class."""
+    from floorline.measure.explain import explain
+    from floorline.measure.fingerprint import environment, fingerprint_key
+    from floorline.paths import parse_path, unavailable
+    from floorline.store import Store
+
+    device = check_device(device or default_device())
+    contexts = parse_contexts([ctx])
+    if len(contexts) != 1:
+        raise FloorlineError("explain takes one context length")
+    reason = unavailable(parse_path(path), device)
+    if reason:
+        raise FloorlineError(f"path {path} cannot run here: {reason}")
+    store = Store(db)
+    result = explain(model, contexts[0], path, device, resolve_gpu(gpu, device), steps, warmup)
+    env = environment(device)
+    store.add_explanation(result, env, fingerprint_key(env))
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    d = result["decomposition"]
+    unit = "kernels" if device.startswith("cuda") else "aten operators"
+    parts = Table("part of a step", "ms", "share",
+                  title=f"{result['model']} ctx {result['ctx']} {result['path']} on {result['gpu']}: "
+                        f"{d['median_ms']:.3f} ms/step, {result['kernels_per_step']:.0f} {unit}/step")
+    for label, key in (("floor (bytes / datasheet bandwidth)", "floor_ms"),
+                       ("bandwidth lost inside kernels", "lost_in_kernels_ms"),
+                       ("launch and idle gaps", "launch_and_idle_ms"),
+                       ("rest (outside the profiled timeline)", "rest_ms")):
+        parts.add_row(label, f"{d[key]:.3f}", f"{d[key] / d['median_ms']:.1%}")
+    out.print(parts)
+    classes = Table("class", f"{unit}/step", "ms/step", "MB/step", "GB/s")
+    for cls, row in result["classes"].items():
+        classes.add_row(cls, f"{row['kernels_per_step']:.1f}", f"{row['ms']:.3f}",
+                        _num(row["bytes"] and row["bytes"] / 1e6, ".1f"), _num(row["gbps"], ".0f"))
+    out.print(classes)
 
 
 @app.command()
@@ -215,7 +371,8 @@ def show(
 
     if not db.exists():
         raise FloorlineError(f"no results database at {db}: run `floorline sweep` first")
-    rows = Store(db).rows(latest=not history)
+    store = Store(db)
+    rows = store.rows(latest=not history)
     if as_json:
         print(json.dumps(rows, indent=2))
     elif as_csv:
@@ -226,7 +383,7 @@ def show(
     elif not rows:
         out.print(f"no cells in {db}")
     else:
-        out.print(cells_table(rows, str(db)))
+        out.print(cells_table(rows, str(db), store.probes()))
 
 
 def main() -> None:

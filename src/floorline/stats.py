@@ -22,3 +22,30 @@ def summarise(samples_ms) -> Summary:
         raise ValueError("no samples")
     p10, median, p90 = np.percentile(x, [10, 50, 90])
     return Summary(int(x.size), float(median), float(p10), float(p90), float(x.mean()))
+
+
+@dataclass(frozen=True)
+class Interval:
+    estimate: float
+    low: float | None
+    high: float | None
+    n: int
+
+
+def mean_interval(values, seed: int, confidence: float = 0.95,
+                  resamples: int = 10_000) -> Interval:
+    """The mean with a BCa bootstrap interval (scipy.stats.bootstrap); no interval under two
+    values, or where every value is the same."""
+    import inspect
+
+    from scipy.stats import bootstrap
+
+    # scipy 1.15 renamed random_state to rng; the GPU image's scipy may be older or newer.
+    seed_arg = "rng" if "rng" in inspect.signature(bootstrap).parameters else "random_state"
+    x = np.asarray(values, dtype=float)
+    if x.size < 2 or np.ptp(x) == 0:
+        return Interval(float(x.mean()) if x.size else float("nan"), None, None, int(x.size))
+    res = bootstrap((x,), np.mean, confidence_level=confidence, n_resamples=resamples,
+                    method="BCa", **{seed_arg: np.random.default_rng(seed)})
+    ci = res.confidence_interval
+    return Interval(float(x.mean()), float(ci.low), float(ci.high), int(x.size))

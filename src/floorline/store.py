@@ -14,7 +14,7 @@ from pathlib import Path
 from floorline.errors import FloorlineError
 from floorline.measure.cell import VALID, CellKey, CellResult
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: A/B experiments, card probes, explanations
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cells (
@@ -33,6 +33,35 @@ CREATE TABLE IF NOT EXISTS cells (
     finished_at TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS cells_by_key ON cells (model, ctx, path, steps, warmup, fingerprint_key);
+CREATE TABLE IF NOT EXISTS ab_experiments (
+    id INTEGER PRIMARY KEY,
+    a TEXT NOT NULL, b TEXT NOT NULL, model TEXT NOT NULL, ctx INTEGER NOT NULL,
+    gpu TEXT NOT NULL, paired INTEGER NOT NULL,
+    plan TEXT NOT NULL,            -- JSON: sessions, steps, block, warmup, seed ...
+    summary TEXT,                  -- JSON, once every session has ended
+    fingerprint_key TEXT NOT NULL, fingerprint TEXT NOT NULL,
+    started_at TEXT NOT NULL, finished_at TEXT
+);
+CREATE TABLE IF NOT EXISTS ab_sessions (
+    experiment_id INTEGER NOT NULL REFERENCES ab_experiments(id),
+    idx INTEGER NOT NULL, status TEXT NOT NULL, reason TEXT, first_arm TEXT,
+    ms_a REAL, ms_b REAL, ratio REAL,
+    samples_a TEXT NOT NULL, samples_b TEXT NOT NULL,  -- JSON lists
+    finished_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS explanations (
+    id INTEGER PRIMARY KEY,
+    model TEXT NOT NULL, ctx INTEGER NOT NULL, path TEXT NOT NULL, gpu TEXT NOT NULL,
+    fingerprint_key TEXT NOT NULL, fingerprint TEXT NOT NULL,
+    results TEXT NOT NULL,         -- JSON: decomposition and per-class times
+    finished_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS probes (
+    id INTEGER PRIMARY KEY,
+    device TEXT NOT NULL, fingerprint_key TEXT NOT NULL, fingerprint TEXT NOT NULL,
+    results TEXT NOT NULL,         -- JSON: each figure with its unit and method
+    finished_at TEXT NOT NULL
+);
 """
 
 COLUMNS = ("id", "model", "ctx", "path", "steps", "warmup", "gpu", "status", "reason",
@@ -40,6 +69,10 @@ COLUMNS = ("id", "model", "ctx", "path", "steps", "warmup", "gpu", "status", "re
            "fraction_of_floor", "achieved_gbps", "weight_bytes", "kv_bytes", "total_bytes",
            "peak_gbps", "weight_format", "kv_dtype", "samples_ms", "fingerprint_key",
            "fingerprint", "details", "finished_at")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 class Store:
@@ -74,14 +107,61 @@ class Store:
             "samples_ms": json.dumps(cell.samples_ms), "fingerprint_key": env_key,
             "fingerprint": json.dumps(env, sort_keys=True),
             "details": json.dumps(cell.details, sort_keys=True),
-            "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "finished_at": now(),
         }
+        return self._insert("cells", row)
+
+    def _insert(self, table: str, row: dict) -> int:
         names = ", ".join(row)
         marks = ", ".join(f":{k}" for k in row)
         try:
-            return self.db.execute(f"INSERT INTO cells ({names}) VALUES ({marks})", row).lastrowid
+            return self.db.execute(f"INSERT INTO {table} ({names}) VALUES ({marks})", row).lastrowid
         except sqlite3.DatabaseError as e:
             raise FloorlineError(f"cannot write to results database {self.path}: {e}") from None
+
+    def start_ab(self, plan: dict, env: dict, env_key: str) -> int:
+        return self._insert("ab_experiments", {
+            **{k: plan[k] for k in ("a", "b", "model", "ctx", "gpu")}, "paired": int(plan["paired"]),
+            "plan": json.dumps(plan, sort_keys=True), "fingerprint_key": env_key,
+            "fingerprint": json.dumps(env, sort_keys=True), "started_at": now()})
+
+    def add_ab_session(self, experiment_id: int, session) -> None:
+        self._insert("ab_sessions", {
+            "experiment_id": experiment_id, "idx": session.index, "status": session.status,
+            "reason": session.reason, "first_arm": session.first_arm, "ms_a": session.ms_a,
+            "ms_b": session.ms_b, "ratio": session.ratio,
+            "samples_a": json.dumps(session.samples_a), "samples_b": json.dumps(session.samples_b),
+            "finished_at": now()})
+
+    def finish_ab(self, experiment_id: int, summary: dict) -> None:
+        self.db.execute("UPDATE ab_experiments SET summary=?, finished_at=? WHERE id=?",
+                        (json.dumps(summary, sort_keys=True), now(), experiment_id))
+
+    def ab_sessions(self, experiment_id: int) -> list[dict]:
+        cursor = self.db.execute(
+            "SELECT idx, status, reason, first_arm, ms_a, ms_b, ratio FROM ab_sessions "
+            "WHERE experiment_id=? ORDER BY idx", (experiment_id,))
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row)) for row in cursor]
+
+    def add_probe(self, device: str, results: dict, env: dict, env_key: str) -> int:
+        return self._insert("probes", {
+            "device": device, "fingerprint_key": env_key,
+            "fingerprint": json.dumps(env, sort_keys=True),
+            "results": json.dumps(results, sort_keys=True), "finished_at": now()})
+
+    def add_explanation(self, results: dict, env: dict, env_key: str) -> int:
+        return self._insert("explanations", {
+            **{k: results[k] for k in ("model", "ctx", "path", "gpu")},
+            "fingerprint_key": env_key, "fingerprint": json.dumps(env, sort_keys=True),
+            "results": json.dumps(results, sort_keys=True), "finished_at": now()})
+
+    def probes(self) -> dict[str, dict]:
+        """The newest probe of each environment, by fingerprint key."""
+        cursor = self.db.execute(
+            "SELECT fingerprint_key, results FROM probes WHERE id IN "
+            "(SELECT MAX(id) FROM probes GROUP BY fingerprint_key)")
+        return {key: json.loads(results) for key, results in cursor}
 
     def has_valid(self, key: CellKey, env_key: str) -> bool:
         return self.db.execute(

@@ -90,7 +90,7 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
         with torch.no_grad():
             session = open_session(spec, model, device, capacity, seed)
             session.prefill(key.ctx)
-            cell.samples_ms = time_steps(session, device, key.steps, key.warmup)
+            cell.samples_ms = time_steps(session.step, device, key.steps, key.warmup)
             cell.details["clocks_after_timing"] = clocks(device)
         cell.summary = asdict(summarise(cell.samples_ms))
         cell.status = VALID

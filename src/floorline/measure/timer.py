@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 
 
-def time_steps(session, device: str, steps: int, warmup: int) -> list[float]:
-    """Milliseconds of each of `steps` decode steps, after `warmup` untimed ones.
+def time_steps(step, device: str, steps: int, warmup: int) -> list[float]:
+    """Milliseconds of each of `steps` calls of `step` (one decode step), after `warmup`
+    untimed ones.
 
     On CUDA each step sits between two events on the current stream, so a step's time is what
     the GPU saw, idle gaps from a slow host included; the host synchronises once at the end.
@@ -15,20 +16,20 @@ def time_steps(session, device: str, steps: int, warmup: int) -> list[float]:
     import torch
 
     for _ in range(warmup):
-        session.step()
+        step()
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                  for _ in range(steps)]
         for start, end in marks:
             start.record()
-            session.step()
+            step()
             end.record()
         torch.cuda.synchronize()
         return [start.elapsed_time(end) for start, end in marks]
     samples = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        session.step()
+        step()
         samples.append((time.perf_counter() - t0) * 1e3)
     return samples

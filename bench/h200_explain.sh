@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Issue 3's evidence on this GPU, into the study's results database: the card's probe, where
+# each millisecond goes for hf-eager and hf-static+graphs at ctx 2048, and the CUDA Graphs A/B
+# (hf-static vs hf-static+graphs, N=10 fresh sessions) at ctx 2048 and 16384.
+#   bash bench/h200_explain.sh [explain|ab2048|ab16384|all]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DB=${DB:-bench/results/h200.db}
+R=bench/results
+mkdir -p "$R"
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+fl() { python3 -m floorline "$@"; }
+stage=${1:-all}
+if [[ $stage == explain || $stage == all ]]; then
+  fl probe --db "$DB" --model qwen2.5-7b --json > "$R/h200_probe.json"
+  for path in hf-eager hf-static+graphs; do
+    fl explain --db "$DB" --model qwen2.5-7b --ctx 2048 --path $path --json > "$R/h200_explain_$path.json"
+  done
+fi
+for ctx in 2048 16384; do
+  if [[ $stage == ab$ctx || $stage == all ]]; then
+    fl ab --db "$DB" --a hf-static --b hf-static+graphs --model qwen2.5-7b --ctx $ctx \
+      --sessions 10 --seed 2026 --json > "$R/h200_ab_$ctx.json"
+    python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['sentence'])" "$R/h200_ab_$ctx.json"
+  fi
+done
+python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" "$DB"
+fl show --db "$DB"

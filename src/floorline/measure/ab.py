@@ -1,0 +1,166 @@
+"""A/B over fresh sessions: the study's CUDA Graphs experiment, for any two paths.
+
+Paired (the arms share one model and cache, differing only by +graphs): each fresh session
+measures both arms in alternating blocks, ABBA..., the first arm drawn from the session's seed.
+Unpaired (different bases: different weights or libraries): sessions of A and B run as
+separate fresh processes, interleaved, and session i of A is set against session i of B.
+Per session: each arm's median ms/step and the ratio ms_a / ms_b. The headline is the mean
+ratio with a 95% BCa bootstrap interval over sessions.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from floorline.errors import FloorlineError
+from floorline.measure.session import Job, run_fresh, shared_base
+from floorline.stats import Interval, mean_interval, summarise
+
+
+@dataclass(frozen=True)
+class Plan:
+    a: str
+    b: str
+    model: str
+    ctx: int
+    device: str
+    gpu: str
+    sessions: int = 10
+    steps: int = 64
+    block: int = 8
+    warmup: int = 8
+    seed: int = 0
+    trust_remote_code: bool = False
+
+    @property
+    def paired(self) -> bool:
+        return shared_base(self.a, self.b)
+
+
+@dataclass
+class SessionResult:
+    index: int
+    status: str  # "ok" or "failed"
+    reason: str | None = None
+    first_arm: str | None = None
+    samples_a: list[float] = field(default_factory=list)
+    samples_b: list[float] = field(default_factory=list)
+
+    @property
+    def ms_a(self) -> float | None:
+        return summarise(self.samples_a).median_ms if self.samples_a else None
+
+    @property
+    def ms_b(self) -> float | None:
+        return summarise(self.samples_b).median_ms if self.samples_b else None
+
+    @property
+    def ratio(self) -> float | None:
+        return self.ms_a / self.ms_b if self.status == "ok" else None
+
+    def as_dict(self) -> dict:
+        return {"index": self.index, "status": self.status, "reason": self.reason,
+                "first_arm": self.first_arm, "ms_a": self.ms_a, "ms_b": self.ms_b,
+                "ratio": self.ratio}
+
+
+@dataclass
+class Summary:
+    plan: Plan
+    sessions: list[SessionResult]
+    speedup: Interval | None
+    ms_a: Interval | None
+    ms_b: Interval | None
+
+    @property
+    def ok(self) -> list[SessionResult]:
+        return [s for s in self.sessions if s.status == "ok"]
+
+    def sentence(self) -> str:
+        p, n = self.plan, len(self.ok)
+        if self.speedup is None:
+            return f"no session of {p.a} vs {p.b} succeeded ({len(self.sessions)} tried)"
+        s = self.speedup
+        how = "faster than" if s.estimate >= 1 else "as fast as"
+        ci = (f"95% CI {s.low:.3f}-{s.high:.3f}" if s.low is not None
+              else "no interval from fewer than 2 distinct sessions")
+        failed = len(self.sessions) - n
+        return (f"{p.b} is {s.estimate:.3f}x {how} {p.a} ({ci}, N={n} fresh sessions"
+                + ("" if p.paired else ", unpaired") + (f", {failed} failed" if failed else "")
+                + f"; {p.model}, ctx {p.ctx}, {p.gpu})")
+
+    def as_dict(self) -> dict:
+        p = self.plan
+        iv = lambda i: (None, None, None) if i is None else (i.estimate, i.low, i.high)  # noqa: E731
+        speedup, ci_low, ci_high = iv(self.speedup)
+        (ms_a, ms_a_low, ms_a_high), (ms_b, ms_b_low, ms_b_high) = iv(self.ms_a), iv(self.ms_b)
+        return {
+            "a": p.a, "b": p.b, "model": p.model, "ctx": p.ctx, "gpu": p.gpu, "device": p.device,
+            "paired": p.paired, "sessions": len(self.ok), "sessions_requested": p.sessions,
+            "failed": len(self.sessions) - len(self.ok), "seed": p.seed,
+            "steps": p.steps, "block": p.block, "warmup": p.warmup,
+            "speedup": speedup, "ci_low": ci_low, "ci_high": ci_high,
+            "ms_a": ms_a, "ms_a_ci": [ms_a_low, ms_a_high], "ms_b": ms_b, "ms_b_ci": [ms_b_low, ms_b_high],
+            "sentence": self.sentence(),
+            "per_session": [s.as_dict() for s in self.sessions],
+        }
+
+
+def _job(plan: Plan, arms: tuple[str, ...], seed: int) -> Job:
+    return Job(arms, plan.model, plan.ctx, plan.device, plan.steps, plan.block, plan.warmup,
+               seed, trust_remote_code=plan.trust_remote_code)
+
+
+def run_session(plan: Plan, index: int, worker: list[str] | None = None) -> SessionResult:
+    """Session `index`: one fresh process (paired) or two, in a seeded random order (unpaired)."""
+    seed = plan.seed * 1_000_003 + index
+    if plan.paired:
+        out = run_fresh(_job(plan, (plan.a, plan.b), seed), worker)
+        if "error" in out:
+            return SessionResult(index, "failed", out["error"])
+        a, b = out["samples_ms"]
+        return SessionResult(index, "ok", None, out["first_arm"], a, b)
+    order = [plan.a, plan.b] if random.Random(seed).randrange(2) == 0 else [plan.b, plan.a]
+    samples = {}
+    for arm in order:
+        out = run_fresh(_job(plan, (arm,), seed), worker)
+        if "error" in out:
+            return SessionResult(index, "failed", f"{arm}: {out['error']}", order[0])
+        samples[arm] = out["samples_ms"][0]
+    return SessionResult(index, "ok", None, order[0], samples[plan.a], samples[plan.b])
+
+
+def summarise_sessions(plan: Plan, sessions: list[SessionResult]) -> Summary:
+    ok = [s for s in sessions if s.status == "ok"]
+    if not ok:
+        return Summary(plan, sessions, None, None, None)
+    return Summary(plan, sessions,
+                   mean_interval([s.ratio for s in ok], plan.seed),
+                   mean_interval([s.ms_a for s in ok], plan.seed),
+                   mean_interval([s.ms_b for s in ok], plan.seed))
+
+
+def check_plan(plan: Plan) -> None:
+    from floorline.models import resolve_model
+    from floorline.paths import parse_path, unavailable
+
+    resolve_model(plan.model, plan.trust_remote_code)
+    for arm in (plan.a, plan.b):
+        reason = unavailable(parse_path(arm), plan.device)
+        if reason:
+            raise FloorlineError(f"path {arm} cannot run here: {reason}")
+    if plan.sessions < 1 or plan.steps < 1 or plan.block < 1:
+        raise FloorlineError("sessions, steps and block must be at least 1")
+
+
+def run_ab(plan: Plan, on_session: Callable[[SessionResult], None] = lambda s: None,
+           worker: list[str] | None = None) -> Summary:
+    check_plan(plan)
+    sessions = []
+    for index in range(plan.sessions):
+        result = run_session(plan, index, worker)
+        on_session(result)
+        sessions.append(result)
+    return summarise_sessions(plan, sessions)

@@ -1,0 +1,125 @@
+"""Where each millisecond of a cell goes, from the PyTorch profiler.
+
+A step's median time splits into:
+  floor                       bytes the step must move / datasheet bandwidth
+  bandwidth lost in kernels   time the device is busy (union of kernel intervals) beyond the floor
+  launch and idle gaps        time between kernels on the device timeline
+  rest                        the timed median beyond the profiled timeline (step boundaries,
+                              profiler distortion; can be negative)
+On the CPU, "kernels" are the aten operators and the timeline is the host's.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from floorline.hardware import DeviceSpec
+from floorline.measure.timer import time_steps
+from floorline.models import resolve_model
+from floorline.paths import open_session, parse_path
+from floorline.paths.base import GRAPH_WARMUP_STEPS
+from floorline.stats import summarise
+from floorline.traffic import count_parameters, floor
+
+# First match wins, on the lower-cased kernel (or operator) name.
+CLASSES = (
+    ("attention", ("flash", "fmha", "attention", "sdpa", "softmax")),
+    ("matrix-vector", ("gemv", "gemm", "nvjet", "xmma", "cutlass", "splitk", "_mm", "addmm",
+                       "aten::mm", "linear", "matmul", "bmm")),
+    ("sampling", ("argmax",)),
+    ("norms and rotary", ("rms", "norm", "rsqrt", "rotary", "cos", "sin", "neg", "pow", "mean")),
+    ("elementwise", ()),
+)
+
+
+def classify(name: str) -> str:
+    lowered = name.lower()
+    for cls, needles in CLASSES:
+        if any(n in lowered for n in needles):
+            return cls
+    return "elementwise"
+
+
+def union_us(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by possibly overlapping [start, end) intervals."""
+    total, cur_start, cur_end = 0.0, None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    return total + (cur_end - cur_start if cur_end is not None else 0.0)
+
+
+def _events(prof, device: str) -> list[tuple[str, float, float, float]]:
+    """(name, start us, end us, own time us) of each device kernel, or each aten operator."""
+    from torch.autograd import DeviceType
+
+    out = []
+    for e in prof.events():
+        if device.startswith("cuda"):
+            if e.device_type == DeviceType.CUDA:
+                out.append((e.name, e.time_range.start, e.time_range.end, e.time_range.elapsed_us()))
+        elif e.name.startswith("aten::"):
+            out.append((e.name, e.time_range.start, e.time_range.end, e.self_cpu_time_total))
+    return out
+
+
+def decompose(events, steps: int, median_ms: float, floor_ms: float) -> dict:
+    busy = union_us([(s, e) for _, s, e, _ in events]) / steps / 1e3
+    span = (max(e for _, _, e, _ in events) - min(s for _, s, _, _ in events)) / steps / 1e3
+    return {"floor_ms": floor_ms, "lost_in_kernels_ms": busy - floor_ms,
+            "launch_and_idle_ms": span - busy, "rest_ms": median_ms - span,
+            "busy_ms": busy, "timeline_ms": span, "median_ms": median_ms}
+
+
+def by_class(events, steps: int, bytes_by_class: dict[str, int]) -> dict[str, dict]:
+    time_us, count = defaultdict(float), defaultdict(int)
+    for name, _, _, own in events:
+        cls = classify(name)
+        time_us[cls] += own
+        count[cls] += 1
+    rows = {}
+    for cls, _ in CLASSES:
+        ms = time_us[cls] / steps / 1e3
+        moved = bytes_by_class.get(cls)
+        rows[cls] = {"kernels_per_step": count[cls] / steps, "ms": ms, "bytes": moved,
+                     "gbps": moved / (ms * 1e6) if moved and ms > 0 else None}
+    return rows
+
+
+def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
+            steps: int = 16, warmup: int = 8, seed: int = 0) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    spec, model = parse_path(path), resolve_model(model_name)
+    f = floor(model, gpu, ctx)
+    counts = count_parameters(model)
+    cfg = model.config.get_text_config()
+    matrix_bytes = 2 * (sum(o * i for o, i in counts.linear_shapes) + cfg.vocab_size * counts.hidden_size)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    capacity = ctx + GRAPH_WARMUP_STEPS + warmup + 2 * steps
+    with torch.no_grad():
+        session = open_session(spec, model, device, capacity, seed)
+        try:
+            session.prefill(ctx)
+            median = summarise(time_steps(session.step, device, steps, warmup)).median_ms
+            with profile(activities=activities) as prof:
+                for _ in range(steps):
+                    session.step()
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
+        finally:
+            session.close()
+    events = _events(prof, device)
+    if not events:
+        raise RuntimeError("the profiler recorded no kernels")
+    return {
+        "model": model.name, "ctx": ctx, "path": spec.name, "gpu": gpu.name, "device": device,
+        "steps": steps, "kernels_per_step": len(events) / steps,
+        "decomposition": decompose(events, steps, median, f.floor_ms),
+        "classes": by_class(events, steps, {"matrix-vector": matrix_bytes, "attention": f.kv_bytes}),
+    }

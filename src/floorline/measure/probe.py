@@ -1,0 +1,153 @@
+"""Measured ceilings of this card, to set beside its datasheet: streaming read and copy
+bandwidth, GEMV bandwidth at a model's layer shapes, kernel launch cost (eager and inside a CUDA
+graph) and the cost of one host synchronisation.
+
+Buffers are rotated so that every timed pass reads memory the previous passes left out of L2.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+GIB = 2**30
+
+
+def _l2_bytes(device: str) -> int:
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_properties(torch.device(device)).L2_cache_size
+    return 64 * 2**20  # generous for a CPU's last-level cache
+
+
+def _rotation(nbytes: int, device: str, budget: int) -> int:
+    """How many copies of an `nbytes` buffer cycle through more than 4x L2, within `budget`."""
+    return max(2, min(-(-4 * _l2_bytes(device) // nbytes) + 1, budget // nbytes))
+
+
+def _time_ms(fn, device: str, repeats: int) -> float:
+    """Median ms of `fn()` over `repeats` calls, each timed on its own."""
+    import torch
+
+    fn()
+    samples = []
+    for _ in range(repeats):
+        if device.startswith("cuda"):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
+def _rotating(buffers, op):
+    state = {"i": 0}
+
+    def fn():
+        op(buffers[state["i"] % len(buffers)])
+        state["i"] += 1
+
+    return fn
+
+
+def stream_read_gbps(device: str, nbytes: int, budget: int, repeats: int = 20) -> float:
+    import torch
+
+    bufs = [torch.rand(nbytes // 4, device=device) for _ in range(_rotation(nbytes, device, budget))]
+    return nbytes / _time_ms(_rotating(bufs, torch.sum), device, repeats) / 1e6
+
+
+def copy_gbps(device: str, nbytes: int, budget: int, repeats: int = 20) -> float:
+    """Bytes read plus bytes written."""
+    import torch
+
+    n = _rotation(nbytes, device, budget // 2)
+    srcs = [torch.rand(nbytes // 4, device=device) for _ in range(n)]
+    dsts = [torch.empty_like(s) for s in srcs]
+    pairs = list(zip(dsts, srcs))
+    return 2 * nbytes / _time_ms(_rotating(pairs, lambda p: p[0].copy_(p[1])), device, repeats) / 1e6
+
+
+def gemv_gbps(device: str, shape: tuple[int, int], budget: int, repeats: int = 20) -> float:
+    """One-row F.linear over bf16 weights of `shape` (out, in): weight bytes / time. On CUDA
+    the calls over all rotated copies are captured in one graph, so launch cost is left out."""
+    import torch
+    import torch.nn.functional as F
+
+    out_f, in_f = shape
+    nbytes = out_f * in_f * 2
+    n = _rotation(nbytes, device, budget)
+    weights = [torch.randn(out_f, in_f, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(n)]
+    x = torch.randn(1, in_f, device=device, dtype=torch.bfloat16)
+    if device.startswith("cuda"):
+        F.linear(x, weights[0])  # cuBLAS handles and workspace outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for w in weights:
+                F.linear(x, w)
+        return n * nbytes / _time_ms(graph.replay, device, repeats) / 1e6
+    return nbytes / _time_ms(_rotating(weights, lambda w: F.linear(x, w)), device, repeats) / 1e6
+
+
+def launch_us(device: str, launches: int = 2000) -> dict:
+    """Per tiny kernel: from eager PyTorch (host-bound), and replayed inside a CUDA graph."""
+    import torch
+
+    x = torch.zeros(1, device=device)
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    x.add_(1)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(launches):
+        x.add_(1)
+    sync()
+    result = {"eager_us": (time.perf_counter() - t0) / launches * 1e6}
+    if cuda:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(launches):
+                x.add_(1)
+        result["graph_us"] = _time_ms(graph.replay, device, 5) * 1e3 / launches
+        t0 = time.perf_counter()
+        for _ in range(launches):
+            torch.cuda.synchronize()
+        result["sync_us"] = (time.perf_counter() - t0) / launches * 1e6
+    else:
+        result["graph_us"] = result["sync_us"] = None  # no graphs and no device to wait on
+    return result
+
+
+def gemv_shapes(model) -> list[tuple[int, int]]:
+    """The distinct (out, in) shapes of the model's linears, LM head included."""
+    from floorline.traffic import count_parameters
+
+    counts = count_parameters(model)
+    cfg = model.config.get_text_config()
+    shapes = set(counts.linear_shapes) | {(cfg.vocab_size, counts.hidden_size)}
+    return sorted(shapes)
+
+
+def probe(device: str, model=None, buffer_mib: int = 1024, budget_mib: int = 8192) -> dict:
+    nbytes, budget = buffer_mib * 2**20, budget_mib * 2**20
+    results = {
+        "stream_read_gbps": stream_read_gbps(device, nbytes, budget),
+        "copy_gbps": copy_gbps(device, nbytes, budget),
+        **launch_us(device),
+        "method": (f"{buffer_mib} MiB buffers rotated past 4x L2 ({_l2_bytes(device) / 2**20:.0f} "
+                   "MiB); median of 20 timed passes; copy counts read + write; GEMV is a one-row "
+                   "bf16 F.linear, replayed in a CUDA graph on GPUs"),
+    }
+    if model is not None:
+        results["model"] = model.name
+        results["gemv_gbps"] = {f"{o}x{i}": gemv_gbps(device, (o, i), budget)
+                                for o, i in gemv_shapes(model)}
+    return results

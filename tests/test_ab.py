@@ -1,0 +1,112 @@
+"""The A/B experiment: interval arithmetic, coverage, and fresh sessions end to end."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+from scipy.stats import bootstrap
+
+from conftest import run_cli
+from floorline.measure.ab import Plan, run_ab, summarise_sessions, SessionResult
+from floorline.measure.session import block_order
+from floorline.stats import mean_interval
+
+
+def test_interval_is_scipys_bca_on_the_same_data():
+    data = np.array([1.21, 1.27, 1.24, 1.30, 1.22, 1.26, 1.25, 1.28, 1.23, 1.29])
+    ours = mean_interval(data, seed=11)
+    ref = bootstrap((data,), np.mean, n_resamples=10_000, method="BCa",
+                    rng=np.random.default_rng(11)).confidence_interval
+    assert ours.estimate == pytest.approx(data.mean())
+    assert (ours.low, ours.high) == (pytest.approx(ref.low), pytest.approx(ref.high))
+    assert ours.low < data.mean() < ours.high
+
+
+def test_no_interval_from_one_or_identical_sessions():
+    assert mean_interval([1.2], seed=0).low is None
+    assert mean_interval([1.2, 1.2, 1.2], seed=0).high is None
+
+
+def test_intervals_cover_the_true_mean_about_95_percent_of_the_time():
+    # Simulated experiments: N=10 session ratios from a known distribution (true mean 1.259).
+    rng = np.random.default_rng(2026)
+    trials, covered = 400, 0
+    for t in range(trials):
+        ratios = rng.normal(1.259, 0.01, size=10)
+        iv = mean_interval(ratios, seed=t, resamples=2000)
+        covered += iv.low <= 1.259 <= iv.high
+    # BCa at N=10 under-covers slightly; a broken interval lands far outside this band.
+    assert 0.88 <= covered / trials <= 0.98
+
+
+def test_abba_blocks():
+    assert block_order(0, 2) == [0, 1, 1, 0, 0, 1, 1, 0]
+    assert block_order(1, 1) == [1, 0, 0, 1]
+
+
+def test_summary_rests_on_the_sessions_that_ran():
+    plan = Plan("hf-static", "hf-static+graphs", "m", 8, "cpu", "l4", sessions=3)
+    sessions = [SessionResult(0, "ok", None, "hf-static", [2.0, 2.0], [1.0, 1.0]),
+                SessionResult(1, "failed", "exit code 1: boom"),
+                SessionResult(2, "ok", None, "hf-static", [3.0], [2.0])]
+    s = summarise_sessions(plan, sessions)
+    assert s.speedup.estimate == pytest.approx((2.0 + 1.5) / 2) and s.speedup.n == 2
+    d = s.as_dict()
+    assert (d["sessions"], d["failed"], d["sessions_requested"]) == (2, 1, 3)
+    assert "N=2 fresh sessions" in d["sentence"] and "1 failed" in d["sentence"]
+
+
+def test_ab_end_to_end_paired_with_three_fresh_sessions(tmp_path):
+    db = tmp_path / "r.db"
+    proc = run_cli("ab", "--a", "hf-static", "--b", "hf-static", "--model", "tiny-llama",
+                   "--ctx", "32", "--sessions", "3", "--steps", "8", "--block", "2",
+                   "--seed", "5", "--db", db, "--gpu", "l4", "--json", check=True)
+    out = json.loads(proc.stdout)
+    assert out["paired"] and out["sessions"] == 3 and out["seed"] == 5
+    keys = {"a", "b", "model", "ctx", "gpu", "sessions", "speedup", "ci_low", "ci_high", "per_session"}
+    assert keys <= set(out)
+    ratios = [s["ratio"] for s in out["per_session"]]
+    assert all(s["ratio"] == pytest.approx(s["ms_a"] / s["ms_b"]) for s in out["per_session"])
+    assert out["speedup"] == pytest.approx(np.mean(ratios))
+    assert out["sentence"].startswith("hf-static is ") and "N=3 fresh sessions" in out["sentence"]
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    assert con.execute("SELECT COUNT(*) FROM ab_sessions WHERE status='ok'").fetchone()[0] == 3
+    assert json.loads(con.execute("SELECT summary FROM ab_experiments").fetchone()[0])["speedup"] == out["speedup"]
+
+
+def test_ab_unpaired_runs_each_arm_in_its_own_session():
+    out = run_ab(Plan("hf-eager", "hf-static", "tiny-qwen2", 16, "cpu", "l4", sessions=2,
+                      steps=4, block=2, warmup=1, seed=3))
+    assert not out.plan.paired and len(out.ok) == 2
+    assert all(len(s.samples_a) == len(s.samples_b) == 4 for s in out.ok)
+    assert "unpaired" in out.sentence()
+
+
+def test_a_crashing_session_is_recorded_and_the_others_kept(tmp_path):
+    # A worker that dies in its second session (index 1) before measuring anything.
+    crasher = tmp_path / "worker.py"
+    crasher.write_text(
+        "import json, os, sys\n"
+        "job = json.loads(sys.argv[1])\n"
+        "if job['seed'] % 1_000_003 == 1:\n"
+        "    print('CUDA error: an illegal memory access', file=sys.stderr); os._exit(3)\n"
+        "from floorline.measure.session import main\n"
+        "main(sys.argv[1:])\n")
+    seen = []
+    out = run_ab(Plan("hf-static", "hf-static", "tiny-llama", 16, "cpu", "l4", sessions=3,
+                      steps=4, block=2, warmup=1, seed=0),
+                 on_session=seen.append, worker=[sys.executable, str(crasher)])
+    assert [s.status for s in out.sessions] == ["ok", "failed", "ok"]
+    assert out.sessions[1].reason == "exit code 3: CUDA error: an illegal memory access"
+    assert [s.index for s in seen] == [0, 1, 2]
+    assert out.speedup.n == 2
+
+
+def test_ab_bad_input(tmp_path):
+    proc = run_cli("ab", "--a", "hf-static", "--b", "hf-static+graphs", "--model", "tiny-llama",
+                   "--ctx", "16", "--db", tmp_path / "r.db", "--gpu", "l4")
+    assert proc.returncode == 2 and "+graphs needs a CUDA device" in proc.stderr
+    assert "Traceback" not in proc.stderr

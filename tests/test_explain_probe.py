@@ -1,0 +1,62 @@
+import json
+
+import pytest
+
+from conftest import run_cli
+from floorline.hardware import lookup
+from floorline.measure.explain import classify, decompose, explain, union_us
+from floorline.measure.probe import probe
+
+
+def test_union_of_overlapping_intervals():
+    assert union_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
+    assert union_us([]) == 0
+
+
+@pytest.mark.parametrize("name, cls", [
+    ("void gemv2T_kernel_val<int, int, __nv_bfloat16, 128, 16, 4, 4>", "matrix-vector"),
+    ("nvjet_tst_64x8_64x16_4x1_v_bz_splitK_TNT", "matrix-vector"),
+    ("pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>>", "attention"),
+    ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80", "attention"),
+    ("void at::native::reduce_kernel<512, 1, ReduceOp<float, ArgMaxOps<float>>>", "sampling"),
+    ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "norms and rotary"),
+    ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<c10::BFloat16>>", "elementwise"),
+    ("aten::addmm", "matrix-vector"),
+])
+def test_kernel_classes(name, cls):
+    assert classify(name) == cls
+
+
+def test_decomposition_sums_to_the_median():
+    # Two steps; kernels cover 0-4 and 6-8 us of step 1, 10-14 of step 2: busy 5 us/step.
+    events = [("a", 0, 4, 4), ("b", 6, 8, 2), ("c", 10, 14, 4)]
+    d = decompose(events, steps=2, median_ms=0.01, floor_ms=0.003)
+    assert d["busy_ms"] == pytest.approx(0.005) and d["timeline_ms"] == pytest.approx(0.007)
+    parts = d["floor_ms"] + d["lost_in_kernels_ms"] + d["launch_and_idle_ms"] + d["rest_ms"]
+    assert parts == pytest.approx(d["median_ms"])
+
+
+def test_explain_a_tiny_cell_on_the_cpu():
+    r = explain("tiny-llama", 32, "hf-static", "cpu", lookup("l4"), steps=4, warmup=2)
+    d = r["decomposition"]
+    total = d["floor_ms"] + d["lost_in_kernels_ms"] + d["launch_and_idle_ms"] + d["rest_ms"]
+    assert total == pytest.approx(d["median_ms"])
+    mv = r["classes"]["matrix-vector"]
+    # Two layers x 7 linears + the LM head: 15 matrix products a step.
+    assert mv["kernels_per_step"] >= 15 and mv["ms"] > 0 and mv["gbps"] > 0
+    assert r["classes"]["sampling"]["kernels_per_step"] == 1
+
+
+def test_probe_on_the_cpu_and_in_the_cells_table(tmp_path):
+    r = probe("cpu", None, buffer_mib=8, budget_mib=64)
+    assert r["stream_read_gbps"] > 0 and r["copy_gbps"] > 0 and r["eager_us"] > 0
+    assert r["graph_us"] is None and r["sync_us"] is None
+    db = tmp_path / "r.db"
+    run_cli("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "16", "--steps", "3",
+            "--paths", "hf-eager", "--gpu", "l4", check=True)
+    probed = json.loads(run_cli("probe", "--db", db, "--device", "cpu", "--buffer-mib", "8",
+                                "--model", "tiny-llama", "--json", check=True).stdout)
+    assert set(probed["gemv_gbps"]) >= {"384x128", "1024x128"}
+    cell = json.loads(run_cli("show", "--db", db, "--json", check=True).stdout)[0]
+    expected = cell["total_bytes"] / (probed["stream_read_gbps"] * 1e6) / cell["median_ms"]
+    assert f"{expected:.1%}" in run_cli("show", "--db", db, check=True).stdout
