@@ -14,7 +14,7 @@ stage=${1:-all}
 if [[ $stage == explain || $stage == all ]]; then
   fl probe --db "$DB" --model qwen2.5-7b --json > "$R/h200_probe.json"
   for path in hf-eager hf-static+graphs; do
-    fl explain --db "$DB" --model qwen2.5-7b --ctx 2048 --path $path --json > "$R/h200_explain_$path.json"
+    fl explain --db "$DB" --model qwen2.5-7b --ctx 2048 --path $path --json > "$R/h200_explain_${path//+/_}.json"
   done
 fi
 for ctx in 2048 16384; do

@@ -27,20 +27,25 @@ def test_kernel_classes(name, cls):
     assert classify(name) == cls
 
 
+PARTS = ("floor_ms", "lost_in_kernels_ms", "other_kernels_ms", "launch_and_idle_ms")
+
+
 def test_decomposition_sums_to_the_median():
-    # Two steps; kernels cover 0-4 and 6-8 us of step 1, 10-14 of step 2: busy 5 us/step.
-    events = [("a", 0, 4, 4), ("b", 6, 8, 2), ("c", 10, 14, 4)]
+    # Two steps: a GEMV of 4 us, an elementwise kernel of 2 us, then a GEMV of 4 us.
+    events = [("gemv2T_kernel", 0, 4, 4), ("elementwise_add", 6, 8, 2), ("gemv2T_kernel", 10, 14, 4)]
     d = decompose(events, steps=2, median_ms=0.01, floor_ms=0.003)
-    assert d["busy_ms"] == pytest.approx(0.005) and d["timeline_ms"] == pytest.approx(0.007)
-    parts = d["floor_ms"] + d["lost_in_kernels_ms"] + d["launch_and_idle_ms"] + d["rest_ms"]
-    assert parts == pytest.approx(d["median_ms"])
+    assert d["lost_in_kernels_ms"] == pytest.approx(0.004 - 0.003)
+    assert d["other_kernels_ms"] == pytest.approx(0.001)
+    assert d["launch_and_idle_ms"] == pytest.approx(0.01 - 0.005)
+    assert d["busy_union_ms"] == pytest.approx(0.005) and d["profiled_timeline_ms"] == pytest.approx(0.007)
+    assert sum(d[k] for k in PARTS) == pytest.approx(d["median_ms"])
 
 
 def test_explain_a_tiny_cell_on_the_cpu():
     r = explain("tiny-llama", 32, "hf-static", "cpu", lookup("l4"), steps=4, warmup=2)
     d = r["decomposition"]
-    total = d["floor_ms"] + d["lost_in_kernels_ms"] + d["launch_and_idle_ms"] + d["rest_ms"]
-    assert total == pytest.approx(d["median_ms"])
+    assert sum(d[k] for k in PARTS) == pytest.approx(d["median_ms"])
+    assert sum(c["ms"] for c in r["classes"].values()) == pytest.approx(d["kernel_ms"])
     mv = r["classes"]["matrix-vector"]
     # Two layers x 7 linears + the LM head: 15 matrix products a step.
     assert mv["kernels_per_step"] >= 15 and mv["ms"] > 0 and mv["gbps"] > 0

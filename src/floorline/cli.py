@@ -347,11 +347,13 @@ def explain_cmd(
                   title=f"{result['model']} ctx {result['ctx']} {result['path']} on {result['gpu']}: "
                         f"{d['median_ms']:.3f} ms/step, {result['kernels_per_step']:.0f} {unit}/step")
     for label, key in (("floor (bytes / datasheet bandwidth)", "floor_ms"),
-                       ("bandwidth lost inside kernels", "lost_in_kernels_ms"),
-                       ("launch and idle gaps", "launch_and_idle_ms"),
-                       ("rest (outside the profiled timeline)", "rest_ms")):
+                       ("bandwidth lost in matrix-vector and attention kernels", "lost_in_kernels_ms"),
+                       ("the rest of the kernels (norms, rotary, elementwise, sampling)", "other_kernels_ms"),
+                       ("launch and idle (median less kernel time)", "launch_and_idle_ms")):
         parts.add_row(label, f"{d[key]:.3f}", f"{d[key] / d['median_ms']:.1%}")
     out.print(parts)
+    out.print(f"under the profiler the step's timeline stretched to {d['profiled_timeline_ms']:.3f} ms "
+              f"(kernels busy {d['busy_union_ms']:.3f} ms of it)", highlight=False)
     classes = Table("class", f"{unit}/step", "ms/step", "MB/step", "GB/s")
     for cls, row in result["classes"].items():
         classes.add_row(cls, f"{row['kernels_per_step']:.1f}", f"{row['ms']:.3f}",
