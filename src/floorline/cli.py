@@ -22,6 +22,8 @@ out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True)
 
 DB_OPTION = Annotated[Path, typer.Option("--db", help="Results database (SQLite).")]
+DEVICE_OPTION = Annotated[Optional[str], typer.Option(help="cuda, cuda:N or cpu; default: cuda if present.")]
+GPU_OPTION = Annotated[Optional[str], typer.Option(help="Catalogue name for the floor; default: detected.")]
 
 
 def split_list(values: list[str] | None) -> list[str]:
@@ -40,6 +42,13 @@ def parse_contexts(values: list[str] | None) -> list[int]:
             raise FloorlineError(f"context must be a positive number of tokens, got {ctx}")
         contexts.append(ctx)
     return contexts
+
+
+def one_context(text: str, command: str) -> int:
+    contexts = parse_contexts([text])
+    if len(contexts) != 1:
+        raise FloorlineError(f"{command} takes one context length")
+    return contexts[0]
 
 
 def default_device() -> str:
@@ -164,8 +173,8 @@ def sweep(
     steps: Annotated[int, typer.Option(min=1, help="Timed decode steps per cell.")] = 64,
     warmup: Annotated[int, typer.Option(min=0, help="Untimed decode steps before timing.")] = 8,
     db: DB_OPTION = Path("floorline.db"),
-    device: Annotated[Optional[str], typer.Option(help="cuda, cuda:N or cpu; default: cuda if present.")] = None,
-    gpu: Annotated[Optional[str], typer.Option(help="Catalogue name for the floor; default: detected.")] = None,
+    device: DEVICE_OPTION = None,
+    gpu: GPU_OPTION = None,
     force: Annotated[bool, typer.Option(help="Re-measure cells already valid in the database.")] = False,
     seed: int = 0,
     trust_remote_code: bool = False,
@@ -223,8 +232,8 @@ def ab(
     seed: Annotated[Optional[int], typer.Option(help="Seed of the arm order and the bootstrap; "
                                                      "default: drawn and recorded.")] = None,
     db: DB_OPTION = Path("floorline.db"),
-    device: Annotated[Optional[str], typer.Option(help="cuda, cuda:N or cpu.")] = None,
-    gpu: Annotated[Optional[str], typer.Option(help="Catalogue name; default: detected.")] = None,
+    device: DEVICE_OPTION = None,
+    gpu: GPU_OPTION = None,
     trust_remote_code: bool = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
@@ -237,10 +246,7 @@ def ab(
     from floorline.store import Store
 
     device = check_device(device or default_device())
-    contexts = parse_contexts([ctx])
-    if len(contexts) != 1:
-        raise FloorlineError("ab takes one context length")
-    plan = Plan(parse_path(a).name, parse_path(b).name, model, contexts[0], device,
+    plan = Plan(parse_path(a).name, parse_path(b).name, model, one_context(ctx, "ab"), device,
                 resolve_gpu(gpu, device).name, sessions, steps, block, warmup,
                 random.SystemRandom().randrange(2**31) if seed is None else seed,
                 trust_remote_code)
@@ -276,7 +282,7 @@ def ab(
 def probe(
     model: Annotated[Optional[str], typer.Option(help="Also GEMV bandwidth at this model's layer shapes.")] = None,
     db: DB_OPTION = Path("floorline.db"),
-    device: Annotated[Optional[str], typer.Option(help="cuda, cuda:N or cpu.")] = None,
+    device: DEVICE_OPTION = None,
     buffer_mib: Annotated[int, typer.Option(min=1, help="Size of each streamed buffer.")] = 1024,
     trust_remote_code: bool = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
@@ -317,25 +323,21 @@ def explain_cmd(
     steps: Annotated[int, typer.Option(min=1, help="Steps timed, then profiled.")] = 16,
     warmup: Annotated[int, typer.Option(min=0)] = 8,
     db: DB_OPTION = Path("floorline.db"),
-    device: Annotated[Optional[str], typer.Option(help="cuda, cuda:N or cpu.")] = None,
-    gpu: Annotated[Optional[str], typer.Option(help="Catalogue name; default: detected.")] = None,
+    device: DEVICE_OPTION = None,
+    gpu: GPU_OPTION = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
     """Where each millisecond of one cell goes: kernels, busy time, gaps, time per class."""
     from floorline.measure.explain import explain
     from floorline.measure.fingerprint import environment, fingerprint_key
-    from floorline.paths import parse_path, unavailable
+    from floorline.paths import parse_path, require_available
     from floorline.store import Store
 
     device = check_device(device or default_device())
-    contexts = parse_contexts([ctx])
-    if len(contexts) != 1:
-        raise FloorlineError("explain takes one context length")
-    reason = unavailable(parse_path(path), device)
-    if reason:
-        raise FloorlineError(f"path {path} cannot run here: {reason}")
+    context = one_context(ctx, "explain")
+    require_available(parse_path(path), device)
     store = Store(db)
-    result = explain(model, contexts[0], path, device, resolve_gpu(gpu, device), steps, warmup)
+    result = explain(model, context, path, device, resolve_gpu(gpu, device), steps, warmup)
     env = environment(device)
     store.add_explanation(result, env, fingerprint_key(env))
     if as_json:

@@ -67,7 +67,7 @@ class SessionResult:
 
 
 @dataclass
-class Summary:
+class ABSummary:
     plan: Plan
     sessions: list[SessionResult]
     speedup: Interval | None
@@ -132,11 +132,11 @@ def run_session(plan: Plan, index: int, worker: list[str] | None = None) -> Sess
     return SessionResult(index, "ok", None, order[0], samples[plan.a], samples[plan.b])
 
 
-def summarise_sessions(plan: Plan, sessions: list[SessionResult]) -> Summary:
+def summarise_sessions(plan: Plan, sessions: list[SessionResult]) -> ABSummary:
     ok = [s for s in sessions if s.status == "ok"]
     if not ok:
-        return Summary(plan, sessions, None, None, None)
-    return Summary(plan, sessions,
+        return ABSummary(plan, sessions, None, None, None)
+    return ABSummary(plan, sessions,
                    mean_interval([s.ratio for s in ok], plan.seed),
                    mean_interval([s.ms_a for s in ok], plan.seed),
                    mean_interval([s.ms_b for s in ok], plan.seed))
@@ -144,19 +144,17 @@ def summarise_sessions(plan: Plan, sessions: list[SessionResult]) -> Summary:
 
 def check_plan(plan: Plan) -> None:
     from floorline.models import resolve_model
-    from floorline.paths import parse_path, unavailable
+    from floorline.paths import parse_path, require_available
 
     resolve_model(plan.model, plan.trust_remote_code)
     for arm in (plan.a, plan.b):
-        reason = unavailable(parse_path(arm), plan.device)
-        if reason:
-            raise FloorlineError(f"path {arm} cannot run here: {reason}")
+        require_available(parse_path(arm), plan.device)
     if plan.sessions < 1 or plan.steps < 1 or plan.block < 1:
         raise FloorlineError("sessions, steps and block must be at least 1")
 
 
 def run_ab(plan: Plan, on_session: Callable[[SessionResult], None] = lambda s: None,
-           worker: list[str] | None = None) -> Summary:
+           worker: list[str] | None = None) -> ABSummary:
     check_plan(plan)
     sessions = []
     for index in range(plan.sessions):

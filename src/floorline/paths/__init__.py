@@ -31,6 +31,13 @@ def unavailable(spec: PathSpec, device: str) -> str | None:
     return reason
 
 
+def require_available(spec: PathSpec, device: str) -> None:
+    """For commands that run one path directly: a path that cannot run is a user error."""
+    reason = unavailable(spec, device)
+    if reason:
+        raise FloorlineError(f"path {spec.name} cannot run here: {reason}")
+
+
 def open_session(spec: PathSpec, model, device: str, capacity: int, seed: int) -> Session:
     session = REGISTRY[spec.base].open(model, device, capacity, seed)
     try:
@@ -46,4 +53,4 @@ def open_session(spec: PathSpec, model, device: str, capacity: int, seed: int) -
 
 
 __all__ = ["REGISTRY", "Path", "PathSpec", "PathUnavailable", "Session", "open_session",
-           "parse_path", "unavailable"]
+           "parse_path", "require_available", "unavailable"]
