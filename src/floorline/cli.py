@@ -364,6 +364,26 @@ def explain_cmd(
 
 
 @app.command()
+def report(
+    db: DB_OPTION = Path("floorline.db"),
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for index.html, report.md and PNGs.")] = Path("report"),
+) -> None:
+    """The results database as plots and tables: HTML (self-contained) and Markdown."""
+    from floorline.report.build import build_report
+
+    if not db.exists():
+        raise FloorlineError(f"no results database at {db}: run `floorline sweep` first")
+    try:
+        written = build_report(db, out_dir)
+    except OSError as e:
+        raise FloorlineError(f"cannot write the report to {out_dir}: {e.strerror}") from None
+    out.print(f"wrote {out_dir / 'index.html'} and {out_dir / 'report.md'} "
+              f"({len(written['figures'])} figures)", highlight=False)
+    for line in written["missing"]:
+        err.print(f"missing: {line}", highlight=False)
+
+
+@app.command()
 def show(
     db: DB_OPTION = Path("floorline.db"),
     as_json: Annotated[bool, typer.Option("--json", help="Every field, samples included, as JSON.")] = False,

@@ -144,6 +144,16 @@ class Store:
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, row)) for row in cursor]
 
+    def ab_summaries(self) -> list[dict]:
+        """Every finished A/B experiment's summary, with its id."""
+        cursor = self.db.execute(
+            "SELECT id, summary FROM ab_experiments WHERE summary IS NOT NULL ORDER BY id")
+        return [{"id": i, **json.loads(summary)} for i, summary in cursor]
+
+    def explanations(self) -> list[dict]:
+        cursor = self.db.execute("SELECT id, results FROM explanations ORDER BY id")
+        return [{"id": i, **json.loads(results)} for i, results in cursor]
+
     def add_probe(self, device: str, results: dict, env: dict, env_key: str) -> int:
         return self._insert("probes", {
             "device": device, "fingerprint_key": env_key,

@@ -1,0 +1,97 @@
+"""`floorline report`: the results database as an HTML page (images embedded, opens offline)
+and a Markdown twin (images beside it)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+
+from floorline.report import figures
+from floorline.store import Store
+
+FIGURES = (
+    ("fraction", "Fraction of the memory floor against datasheet peak bandwidth", "cells",
+     figures.fraction_vs_bandwidth),
+    ("context", "ms/step against context, with each model's floor", "cells", figures.ms_vs_context),
+    ("ab", "A/B experiments with 95% intervals, the study's beside", "ab", figures.ab_forest),
+    ("quantised", "Quantised paths against their own floor and the bf16 baseline", "cells",
+     figures.quantised),
+    ("decomposition", "Where each millisecond of a step goes", "explanations", figures.decomposition),
+)
+
+SOURCE_NAMES = {"cells": "cells", "ab": "A/B experiments", "explanations": "explanations"}
+
+
+def _table(header: list[str], rows: list[list]) -> tuple[str, str]:
+    """The same table as HTML and as Markdown."""
+    fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
+    cells = [[fmt(v) for v in row] for row in rows]
+    h = ("<table><tr>" + "".join(f"<th>{html.escape(x)}</th>" for x in header) + "</tr>"
+         + "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>" for r in cells)
+         + "</table>")
+    m = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                  + ["| " + " | ".join(v.replace("|", "/") for v in r) + " |" for r in cells])
+    return h, m
+
+
+def build_report(db: Path, out: Path) -> dict:
+    """Writes index.html, report.md and one PNG per figure into `out`; returns what it wrote."""
+    store = Store(db)
+    sources = {"cells": store.rows(), "ab": store.ab_summaries(), "explanations": store.explanations()}
+    out.mkdir(parents=True, exist_ok=True)
+    html_parts, md_parts, written = [], [], {"figures": [], "missing": []}
+    title = f"floorline report: {db.name}"
+    html_parts.append(f"<h1>{html.escape(title)}</h1>")
+    md_parts.append(f"# {title}")
+    for number, (key, caption, source, draw) in enumerate(FIGURES, 1):
+        fig, ids, missing = draw(sources[source])
+        heading = f"{number}. {caption}"
+        html_parts.append(f"<h2>{html.escape(heading)}</h2>")
+        md_parts.append(f"## {heading}")
+        if missing:
+            written["missing"].append(f"figure {number}: {missing}")
+            html_parts.append(f"<p class='missing'>Missing: {html.escape(missing)}</p>")
+            md_parts.append(f"**Missing:** {missing}")
+        if fig is not None:
+            png = io.BytesIO()
+            fig.savefig(png, format="png", dpi=110)
+            figures.plt.close(fig)
+            name = f"fig{number}_{key}.png"
+            (out / name).write_bytes(png.getvalue())
+            data = base64.b64encode(png.getvalue()).decode()
+            # onload/onerror mark each image, so that a browser (or the test) can tell it loaded.
+            html_parts.append(f"<img alt='{html.escape(caption)}' onload='this.dataset.loaded=1' "
+                              f"onerror='this.dataset.broken=1' src='data:image/png;base64,{data}'>")
+            md_parts.append(f"![{caption}]({name})")
+            written["figures"].append(name)
+        drawn = (f"Drawn from {SOURCE_NAMES[source]} {', '.join(map(str, ids))} of this database"
+                 if ids else f"Drawn from no {SOURCE_NAMES[source]} of this database")
+        if key in ("fraction", "ab", "quantised"):
+            drawn += f"; reference series from {figures.study()['provenance']}"
+        html_parts.append(f"<p class='source'>{html.escape(drawn)}.</p>")
+        md_parts.append(drawn + ".")
+
+    cell_rows = [[c["id"], c["model"], c["ctx"], c["path"], c["gpu"], c["status"], c["median_ms"],
+                  c["floor_ms"], c["fraction_of_floor"], c["achieved_gbps"], c["reason"]]
+                 for c in sources["cells"]]
+    sections = [("Cells", ["id", "model", "ctx", "path", "gpu", "status", "ms/step", "floor ms",
+                           "of floor", "GB/s", "reason"], cell_rows)]
+    sections.append(("A/B experiments", ["id", "sentence"], [[e["id"], e["sentence"]] for e in sources["ab"]]))
+    fingerprints = {c["fingerprint_key"]: c["fingerprint"] for c in sources["cells"]}
+    sections.append(("Environments", ["key", "device", "driver", "cuda", "torch", "transformers", "floorline"],
+                     [[k, *(f.get(x) for x in ("device", "driver", "cuda", "torch", "transformers", "floorline"))]
+                      for k, f in fingerprints.items()]))
+    for name, header, rows in sections:
+        h, m = _table(header, rows)
+        html_parts.append(f"<h2>{name}</h2>" + (h if rows else "<p class='missing'>none</p>"))
+        md_parts.append(f"## {name}\n\n" + (m if rows else "none"))
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}"
+             "img{max-width:100%}table{border-collapse:collapse;font-size:12px}"
+             "td,th{border:1px solid #ccc;padding:2px 6px}.missing{color:#b00}.source{color:#555;font-size:12px}")
+    (out / "index.html").write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{style}</style></head><body>{''.join(html_parts)}</body></html>\n")
+    (out / "report.md").write_text("\n\n".join(md_parts) + "\n")
+    return written

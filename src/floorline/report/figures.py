@@ -1,0 +1,139 @@
+"""The report's plots. Each function draws one figure from database rows and returns the figure
+and the ids of what it was drawn from, or None with what is missing."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+STUDY_FILE = Path(__file__).with_name("study.json")
+
+
+@cache
+def study() -> dict:
+    return json.loads(STUDY_FILE.read_text())
+
+
+def _valid(cells):
+    return [c for c in cells if c["status"] == "valid"]
+
+
+def fraction_vs_bandwidth(cells):
+    """1. Fraction of the memory floor against datasheet peak bandwidth."""
+    from floorline.hardware import lookup
+
+    cells = _valid(cells)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for path in sorted({c["path"] for c in cells}):
+        pts = [c for c in cells if c["path"] == path]
+        ax.scatter([c["peak_gbps"] for c in pts], [c["fraction_of_floor"] for c in pts],
+                   label=f"floorline: {path}", alpha=0.8)
+    ref = study()["fraction_of_floor"]
+    ax.scatter([lookup(r["gpu"]).peak_gbps for r in ref], [r["value"] for r in ref], marker="*",
+               s=200, color="black", label="study (published; every-parameter bytes)")
+    for r in ref:
+        ax.annotate(f"{r['gpu']} {r['model']} ctx {r['ctx']}", (lookup(r["gpu"]).peak_gbps, r["value"]),
+                    textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.set(xscale="log", xlabel="datasheet peak bandwidth (GB/s)", ylim=(0, 1.05), xlim=(150, 12000),
+           ylabel="fraction of the memory floor (floor / measured ms)",
+           title="Fraction of the memory floor against peak bandwidth")
+    ax.legend(fontsize=7)
+    return fig, [c["id"] for c in cells], None if cells else "no valid cells yet"
+
+
+def ms_vs_context(cells):
+    """2. ms/step against context, per model and path, with each model's floor as a line."""
+    cells = _valid(cells)
+    if not cells:
+        return None, [], "no valid cells yet"
+    groups = sorted({(c["model"], c["gpu"]) for c in cells})
+    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4.2), squeeze=False)
+    for ax, (model, gpu) in zip(axes[0], groups):
+        mine = [c for c in cells if (c["model"], c["gpu"]) == (model, gpu)]
+        for path in sorted({c["path"] for c in mine}):
+            pts = sorted((c["ctx"], c["median_ms"], c["p10_ms"], c["p90_ms"]) for c in mine if c["path"] == path)
+            ctx, ms, lo, hi = zip(*pts)
+            ax.errorbar(ctx, ms, yerr=[[m - l for m, l in zip(ms, lo)], [h - m for m, h in zip(ms, hi)]],
+                        marker="o", capsize=3, label=path)
+        floor = sorted({(c["ctx"], c["floor_ms"]) for c in mine})
+        ax.plot(*zip(*floor), "k--", label="floor")
+        ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="ms/step (median, p10-p90)",
+               title=f"{model} on {gpu}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig, [c["id"] for c in cells], None
+
+
+def ab_forest(experiments):
+    """3. A/B speedups with their 95% intervals, the study's beside."""
+    rows = [(f"{e['b']} vs {e['a']}, {e['model']} ctx {e['ctx']}, {e['gpu']} (N={e['sessions']})",
+             e["speedup"], e["ci_low"], e["ci_high"], "floorline") for e in experiments if e["speedup"]]
+    rows += [(f"{r['b']} vs {r['a']}, ctx {r['ctx']}, {r['gpu']} (study)", r["speedup"], r["ci_low"],
+              r["ci_high"], "study") for r in study()["ab"]]
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.5))
+    for y, (label, s, lo, hi, who) in enumerate(rows):
+        color = "black" if who == "study" else "tab:blue"
+        if lo is not None:
+            ax.errorbar([s], [y], xerr=[[s - lo], [hi - s]], fmt="o", color=color, capsize=4)
+        else:
+            ax.plot([s], [y], "o", mfc="none", color=color)
+    ax.axvline(1, color="grey", lw=0.8)
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
+    ax.set(xlabel="speedup of B over A (mean session ratio, 95% BCa CI)",
+           title="A/B experiments (open marker: no published interval)")
+    fig.tight_layout()
+    missing = None if experiments else "no A/B experiment in this database; the study's only"
+    return fig, [e["id"] for e in experiments], missing
+
+
+def quantised(cells):
+    """4. Quantised paths: ms/step against their own floor and the bf16 baseline."""
+    from floorline.hardware import lookup
+    from floorline.models import resolve_model
+    from floorline.traffic import floor
+
+    quant = [c for c in _valid(cells) if c["weight_format"] not in ("bf16", "fp16", "fp32")]
+    ref = study()["quantised_ms"]
+    # The study names Qwen2.5-7B as its model; its quantised cells are taken to be that model.
+    spec, l4 = resolve_model("qwen2.5-7b"), lookup("l4")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = [f"study L4: {r['path']}" for r in ref] + [f"{c['model']} {c['gpu']}: {c['path']}" for c in quant]
+    measured = [r["ms"] for r in ref] + [c["median_ms"] for c in quant]
+    floors = [floor(spec, l4, 2048, r["weight_format"]).floor_ms for r in ref] + [c["floor_ms"] for c in quant]
+    x = range(len(labels))
+    ax.bar([i - 0.2 for i in x], measured, 0.4, label="measured ms/step")
+    ax.bar([i + 0.2 for i in x], floors, 0.4, label="its own floor")
+    ax.axhline(ref[0]["ms"], color="grey", ls=":", label="study L4 bf16 baseline")
+    ax.set_xticks(list(x), labels, rotation=20, ha="right", fontsize=7)
+    ax.set(ylabel="ms/step", title="Quantised paths against their floors (study floors: qwen2.5-7b, ctx 2048)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    missing = None if quant else "no quantised cells measured yet; the study's published L4 cells only"
+    return fig, [c["id"] for c in quant], missing
+
+
+PARTS = (("floor_ms", "floor"), ("lost_in_kernels_ms", "bandwidth lost in GEMV + attention kernels"),
+         ("other_kernels_ms", "other kernels"), ("launch_and_idle_ms", "launch and idle"))
+
+
+def decomposition(explanations):
+    """5. Where each millisecond goes, as stacked bars."""
+    if not explanations:
+        return None, [], "no `floorline explain` results yet"
+    fig, ax = plt.subplots(figsize=(7, 0.6 * len(explanations) + 1.8))
+    labels = [f"{e['model']} ctx {e['ctx']} {e['path']} ({e['gpu']})" for e in explanations]
+    left = [0.0] * len(explanations)
+    for key, label in PARTS:
+        widths = [max(e["decomposition"][key], 0) for e in explanations]
+        ax.barh(labels, widths, left=left, label=label)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.set(xlabel="ms per step (median, unprofiled)", title="Where each millisecond of a step goes")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig, [e["id"] for e in explanations], None
