@@ -383,6 +383,41 @@ def report(
         err.print(f"missing: {line}", highlight=False)
 
 
+@app.command("predict")
+def predict_cmd(
+    model: Annotated[str, typer.Option(help="Shipped name or local directory.")],
+    gpu: Annotated[str, typer.Option(help="Catalogue name of the GPU to forecast.")],
+    path: Annotated[str, typer.Option(help="A path measured in the database.")],
+    ctx: Annotated[str, typer.Option(help="Context length.")] = "2048",
+    db: DB_OPTION = Path("floorline.db"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the forecast as JSON.")] = False,
+) -> None:
+    """Forecast ms/step on any catalogued GPU from what the database measured, with an interval."""
+    from floorline import hardware
+    from floorline.models import resolve_model
+    from floorline.predict import predict
+    from floorline.store import Store
+
+    if not db.exists():
+        raise FloorlineError(f"no results database at {db}: run `floorline sweep` first")
+    resolve_model(model)
+    hardware.lookup(gpu)
+    store = Store(db)
+    f = predict(model, gpu, one_context(ctx, "predict"), path, store.rows(), store.explanations(),
+                store.probes())
+    if as_json:
+        print(json.dumps(f.as_dict(), indent=2))
+        return
+    interval = (f"{f.low:.2f}-{f.high:.2f} ms, 5th-95th percentile of leave-one-out errors"
+                if f.low is not None else "no interval: too few cells to cross-validate")
+    out.print(f"{f.path} on {f.gpu}, {f.model} ctx {f.ctx}: {f.ms:.2f} ms/step ({interval}); "
+              f"GPU side {f.gpu_ms:.2f} ms, host side {f.host_ms:.2f} ms, the "
+              f"{'GPU' if f.gpu_ms >= f.host_ms else 'host'} side governs",
+              highlight=False)
+    for note in f.fit.notes:
+        out.print(f"  - {note}", highlight=False)
+
+
 @app.command()
 def show(
     db: DB_OPTION = Path("floorline.db"),

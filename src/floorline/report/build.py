@@ -8,6 +8,7 @@ import html
 import io
 from pathlib import Path
 
+from floorline.errors import FloorlineError
 from floorline.report import figures
 from floorline.store import Store
 
@@ -73,11 +74,34 @@ def build_report(db: Path, out: Path) -> dict:
         html_parts.append(f"<p class='source'>{html.escape(drawn)}.</p>")
         md_parts.append(drawn + ".")
 
+    from floorline.predict import leave_one_out, study_check
+
+    loo = leave_one_out(sources["cells"], sources["explanations"], store.probes())
+    forecast_rows = [[r["id"], r["model"], r["gpu"], r["ctx"], r["path"], r["measured_ms"],
+                      r["forecast_ms"], f"{r['error']:+.1%}"] for r in loo]
+    try:
+        study_rows = [[r["gpu"], r["model"], r["ctx"], r["published_ms"], r["forecast_ms"],
+                       f"{r['error']:+.1%}"]
+                      for r in study_check(sources["cells"], sources["explanations"], store.probes())]
+    except FloorlineError:
+        study_rows = []  # no hf-eager cells to forecast from
     cell_rows = [[c["id"], c["model"], c["ctx"], c["path"], c["gpu"], c["status"], c["median_ms"],
                   c["floor_ms"], c["fraction_of_floor"], c["achieved_gbps"], c["reason"]]
                  for c in sources["cells"]]
     sections = [("Cells", ["id", "model", "ctx", "path", "gpu", "status", "ms/step", "floor ms",
                            "of floor", "GB/s", "reason"], cell_rows)]
+    if loo:
+        mae = lambda rows: sum(abs(r["error"]) for r in rows) / len(rows)  # noqa: E731
+        per_path = "; ".join(f"{p}: {mae(rows):.1%} over {len(rows)}" for p, rows in
+                             sorted({r["path"]: [x for x in loo if x["path"] == r["path"]] for r in loo}.items()))
+        text = (f"Leave-one-out over {len(loo)} cells: mean absolute error {mae(loo):.1%} "
+                f"({per_path}).")
+        html_parts.append(f"<h2>Forecast accuracy</h2><p>{html.escape(text)}</p>")
+        md_parts.append(f"## Forecast accuracy\n\n{text}")
+    sections.append(("Forecast, leave-one-out", ["cell", "model", "gpu", "ctx", "path", "measured ms",
+                                                 "forecast ms", "error"], forecast_rows))
+    sections.append(("Forecast of the study's published hf-eager cells", ["gpu", "model", "ctx",
+                     "published ms", "forecast ms", "error"], study_rows))
     sections.append(("A/B experiments", ["id", "sentence"], [[e["id"], e["sentence"]] for e in sources["ab"]]))
     fingerprints = {c["fingerprint_key"]: c["fingerprint"] for c in sources["cells"]}
     sections.append(("Environments", ["key", "device", "driver", "cuda", "torch", "transformers", "floorline"],
