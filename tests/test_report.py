@@ -45,6 +45,17 @@ def test_report_from_a_small_database(tmp_path):
         assert f"]({name})" in md and (tmp_path / "out" / name).stat().st_size > 1000
 
 
+def test_quantised_cells_fill_their_figure(tmp_path):
+    db = small_db(tmp_path / "r.db")
+    Store(db).add(CellResult(CellKey("tiny-llama", 128, "hf-eager", 8, 2), "l4", VALID, None, [1.0],
+                             {"median_ms": 1.0, "p10_ms": 1.0, "p90_ms": 1.0, "mean_ms": 1.0, "n": 1},
+                             {"floor_ms": 0.05, "total_bytes": 10**5, "peak_gbps": 300,
+                              "weight_format": "nf4", "kv_dtype": "bf16"}), {"device": "cpu: test"}, "env")
+    written = build_report(db, tmp_path / "out")
+    assert not any("quantised" in m for m in written["missing"])
+    assert "Drawn from cells 6 of this database" in (tmp_path / "out" / "report.md").read_text()
+
+
 def test_report_from_an_empty_database(tmp_path):
     db = tmp_path / "empty.db"
     Store(db).close()
