@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ./quickstart.sh demo   set up .venv, then run the main job (the study's sweep on a GPU; the
-#                        tiny CPU demo without one) and show the results database
+#                        tiny CPU demo without one), show the results database and write
+#                        the report to report/
 # ./quickstart.sh test   set up .venv, then run the test suite
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -12,7 +13,7 @@ if [[ ! -x $VENV/bin/floorline ]]; then
   "$VENV/bin/python" -m pip install -q -e '.[test]'
 fi
 case "${1:-}" in
-  demo) "$VENV/bin/floorline" sweep && "$VENV/bin/floorline" show ;;
+  demo) "$VENV/bin/floorline" sweep && "$VENV/bin/floorline" show && "$VENV/bin/floorline" report --out report ;;
   test) "$VENV/bin/python" -m pytest -q ;;
   *) echo "usage: ./quickstart.sh demo|test" >&2; exit 2 ;;
 esac
