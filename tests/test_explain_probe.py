@@ -4,7 +4,7 @@ import pytest
 
 from conftest import run_cli
 from floorline.hardware import lookup
-from floorline.measure.explain import classify, decompose, explain, union_us
+from floorline.measure.explain import by_class, classify, decompose, explain, union_us
 from floorline.measure.probe import probe
 
 
@@ -33,7 +33,7 @@ PARTS = ("floor_ms", "lost_in_kernels_ms", "other_kernels_ms", "launch_and_idle_
 def test_decomposition_sums_to_the_median():
     # Two steps: a GEMV of 4 us, an elementwise kernel of 2 us, then a GEMV of 4 us.
     events = [("gemv2T_kernel", 0, 4, 4), ("elementwise_add", 6, 8, 2), ("gemv2T_kernel", 10, 14, 4)]
-    d = decompose(events, steps=2, median_ms=0.01, floor_ms=0.003)
+    d = decompose(by_class(events, 2, {}), events, steps=2, median_ms=0.01, floor_ms=0.003)
     assert d["lost_in_kernels_ms"] == pytest.approx(0.004 - 0.003)
     assert d["other_kernels_ms"] == pytest.approx(0.001)
     assert d["launch_and_idle_ms"] == pytest.approx(0.01 - 0.005)

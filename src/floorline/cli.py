@@ -51,6 +51,13 @@ def one_context(text: str, command: str) -> int:
     return contexts[0]
 
 
+def existing(db: Path) -> Path:
+    """For commands that only read results: a missing database is a user error, not a new file."""
+    if not db.exists():
+        raise FloorlineError(f"no results database at {db}: run `floorline sweep` first")
+    return db
+
+
 def default_device() -> str:
     import torch
 
@@ -371,8 +378,7 @@ def report(
     """The results database as plots and tables: HTML (self-contained) and Markdown."""
     from floorline.report.build import build_report
 
-    if not db.exists():
-        raise FloorlineError(f"no results database at {db}: run `floorline sweep` first")
+    existing(db)
     try:
         written = build_report(db, out_dir)
     except OSError as e:
@@ -398,8 +404,7 @@ def predict_cmd(
     from floorline.predict import predict
     from floorline.store import Store
 
-    if not db.exists():
-        raise FloorlineError(f"no results database at {db}: run `floorline sweep` first")
+    existing(db)
     resolve_model(model)
     hardware.lookup(gpu)
     store = Store(db)
@@ -428,8 +433,7 @@ def show(
     """The cells in the results database."""
     from floorline.store import COLUMNS, Store
 
-    if not db.exists():
-        raise FloorlineError(f"no results database at {db}: run `floorline sweep` first")
+    existing(db)
     store = Store(db)
     rows = store.rows(latest=not history)
     if as_json:

@@ -157,7 +157,9 @@ def study_check(cells, explanations, probes) -> list[dict]:
     rows = []
     for ref in study()["fraction_of_floor"]:
         f = floor(resolve_model(ref["model"]), lookup(ref["gpu"]), ref["ctx"])
-        published = (62.32 if ref["gpu"] == "l4" else f.floor_ms_all_params / ref["value"])
+        printed = [q["ms"] for q in study()["quantised_ms"]
+                   if q["gpu"] == ref["gpu"] and q["weight_format"] == "bf16"]
+        published = printed[0] if printed else f.floor_ms_all_params / ref["value"]
         pred = forecast_with(fit, ref["model"], ref["gpu"], ref["ctx"], []).ms
         rows.append({"gpu": ref["gpu"], "model": ref["model"], "ctx": ref["ctx"],
                      "published_ms": published, "forecast_ms": pred,

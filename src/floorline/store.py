@@ -137,13 +137,6 @@ class Store:
         self.db.execute("UPDATE ab_experiments SET summary=?, finished_at=? WHERE id=?",
                         (json.dumps(summary, sort_keys=True), now(), experiment_id))
 
-    def ab_sessions(self, experiment_id: int) -> list[dict]:
-        cursor = self.db.execute(
-            "SELECT idx, status, reason, first_arm, ms_a, ms_b, ratio FROM ab_sessions "
-            "WHERE experiment_id=? ORDER BY idx", (experiment_id,))
-        names = [d[0] for d in cursor.description]
-        return [dict(zip(names, row)) for row in cursor]
-
     def ab_summaries(self) -> list[dict]:
         """Every finished A/B experiment's summary, with its id."""
         cursor = self.db.execute(

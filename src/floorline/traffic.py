@@ -56,6 +56,13 @@ class ParamCounts:
     linear_shapes: tuple[tuple[int, int], ...]  # (out, in) of every linear but the LM head
     linear_bias: int  # bias elements of those linears
 
+    @property
+    def matrix_shapes(self) -> tuple[tuple[int, int], ...]:
+        """(out, in) of every matrix a step multiplies by: the linears and the LM head (which
+        has the input table's shape, tied or not)."""
+        vocab = self.input_embedding // self.hidden_size
+        return (*self.linear_shapes, (vocab, self.hidden_size))
+
 
 @dataclass(frozen=True)
 class Floor:

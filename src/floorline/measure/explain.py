@@ -72,22 +72,6 @@ def _events(prof, device: str) -> list[tuple[str, float, float, float]]:
 FLOOR_CLASSES = ("matrix-vector", "attention")  # the classes that move the floor's bytes
 
 
-def decompose(events, steps: int, median_ms: float, floor_ms: float) -> dict:
-    class_ms = defaultdict(float)
-    for name, _, _, own in events:
-        class_ms[classify(name)] += own / steps / 1e3
-    needed = sum(class_ms[c] for c in FLOOR_CLASSES)
-    busy = sum(class_ms.values())
-    return {
-        "floor_ms": floor_ms, "lost_in_kernels_ms": needed - floor_ms,
-        "other_kernels_ms": busy - needed, "launch_and_idle_ms": median_ms - busy,
-        "median_ms": median_ms, "kernel_ms": busy,
-        "busy_union_ms": union_us([(s, e) for _, s, e, _ in events]) / steps / 1e3,
-        "profiled_timeline_ms": (max(e for _, _, e, _ in events)
-                                 - min(s for _, s, _, _ in events)) / steps / 1e3,
-    }
-
-
 def by_class(events, steps: int, bytes_by_class: dict[str, int]) -> dict[str, dict]:
     time_us, count = defaultdict(float), defaultdict(int)
     for name, _, _, own in events:
@@ -103,6 +87,20 @@ def by_class(events, steps: int, bytes_by_class: dict[str, int]) -> dict[str, di
     return rows
 
 
+def decompose(classes: dict[str, dict], events, steps: int, median_ms: float,
+              floor_ms: float) -> dict:
+    needed = sum(classes[c]["ms"] for c in FLOOR_CLASSES)
+    busy = sum(row["ms"] for row in classes.values())
+    return {
+        "floor_ms": floor_ms, "lost_in_kernels_ms": needed - floor_ms,
+        "other_kernels_ms": busy - needed, "launch_and_idle_ms": median_ms - busy,
+        "median_ms": median_ms, "kernel_ms": busy,
+        "busy_union_ms": union_us([(s, e) for _, s, e, _ in events]) / steps / 1e3,
+        "profiled_timeline_ms": (max(e for _, _, e, _ in events)
+                                 - min(s for _, s, _, _ in events)) / steps / 1e3,
+    }
+
+
 def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
             steps: int = 16, warmup: int = 8, seed: int = 0) -> dict:
     import torch
@@ -110,9 +108,7 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
 
     spec, model = parse_path(path), resolve_model(model_name)
     f = floor(model, gpu, ctx)
-    counts = count_parameters(model)
-    cfg = model.config.get_text_config()
-    matrix_bytes = 2 * (sum(o * i for o, i in counts.linear_shapes) + cfg.vocab_size * counts.hidden_size)
+    matrix_bytes = 2 * sum(o * i for o, i in count_parameters(model).matrix_shapes)  # bf16
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     capacity = ctx + GRAPH_WARMUP_STEPS + warmup + 2 * steps
     with torch.no_grad():
@@ -130,9 +126,10 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     events = _events(prof, device)
     if not events:
         raise RuntimeError("the profiler recorded no kernels")
+    classes = by_class(events, steps, {"matrix-vector": matrix_bytes, "attention": f.kv_bytes})
     return {
         "model": model.name, "ctx": ctx, "path": spec.name, "gpu": gpu.name, "device": device,
         "steps": steps, "kernels_per_step": len(events) / steps,
-        "decomposition": decompose(events, steps, median, f.floor_ms),
-        "classes": by_class(events, steps, {"matrix-vector": matrix_bytes, "attention": f.kv_bytes}),
+        "decomposition": decompose(classes, events, steps, median, f.floor_ms),
+        "classes": classes,
     }

@@ -10,8 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 
-GIB = 2**30
-
+from floorline.measure.timer import time_steps
 
 def _l2_bytes(device: str) -> int:
     import torch
@@ -27,24 +26,8 @@ def _rotation(nbytes: int, device: str, budget: int) -> int:
 
 
 def _time_ms(fn, device: str, repeats: int) -> float:
-    """Median ms of `fn()` over `repeats` calls, each timed on its own."""
-    import torch
-
-    fn()
-    samples = []
-    for _ in range(repeats):
-        if device.startswith("cuda"):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
+    """Median ms of `fn()` over `repeats` calls, each timed on its own, after one untimed call."""
+    return statistics.median(time_steps(fn, device, repeats, warmup=1))
 
 
 def _rotating(buffers, op):
@@ -130,10 +113,7 @@ def gemv_shapes(model) -> list[tuple[int, int]]:
     """The distinct (out, in) shapes of the model's linears, LM head included."""
     from floorline.traffic import count_parameters
 
-    counts = count_parameters(model)
-    cfg = model.config.get_text_config()
-    shapes = set(counts.linear_shapes) | {(cfg.vocab_size, counts.hidden_size)}
-    return sorted(shapes)
+    return sorted(set(count_parameters(model).matrix_shapes))
 
 
 def probe(device: str, model=None, buffer_mib: int = 1024, budget_mib: int = 8192) -> dict:
