@@ -3,6 +3,7 @@
 #                        tiny CPU demo without one), show the results database and write
 #                        the report to report/
 # ./quickstart.sh test   set up .venv, then run the test suite
+# ./quickstart.sh setup  set up .venv only
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${VENV:-.venv}
@@ -13,7 +14,8 @@ if [[ ! -x $VENV/bin/floorline ]]; then
   "$VENV/bin/python" -m pip install -q -e '.[test]'
 fi
 case "${1:-}" in
+  setup) ;;
   demo) "$VENV/bin/floorline" sweep && "$VENV/bin/floorline" show && "$VENV/bin/floorline" report --out report ;;
   test) "$VENV/bin/python" -m pytest -q ;;
-  *) echo "usage: ./quickstart.sh demo|test" >&2; exit 2 ;;
+  *) echo "usage: ./quickstart.sh demo|test|setup" >&2; exit 2 ;;
 esac

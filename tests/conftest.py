@@ -13,9 +13,9 @@ def shipped_config(name: str) -> dict:
     return json.loads((CONFIGS / f"{name}.json").read_text())
 
 
-def run_cli(*args, cwd=None, check=False, timeout=600):
+def run_cli(*args, cwd=None, check=False, timeout=600, env=None):
     """`floorline ARGS` in a fresh interpreter, as a user runs it."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     env.pop("FLOORLINE_DEBUG", None)
     proc = subprocess.run([sys.executable, "-m", "floorline", *map(str, args)], cwd=cwd,
                           capture_output=True, text=True, env=env, timeout=timeout)

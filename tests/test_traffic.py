@@ -118,3 +118,49 @@ def test_any_transformers_decoder_is_counted(tmp_path):
 
 def test_weight_formats_cover_the_study():
     assert {"bf16", "int4-g128", "nf4"} <= set(WEIGHT_FORMATS)
+
+
+def linear_rows(cfg: dict) -> int:
+    """Output rows of one decoder layer's linears (q, k, v, o, gate, up, down)."""
+    h, heads, kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim", h // heads)
+    return heads * hd + 2 * kv * hd + h + 2 * cfg["intermediate_size"] + h
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-7b", "llama-3.1-8b", "tiny-qwen2"])
+@pytest.mark.parametrize("fmt", ["nf4", "bnb-int8", "gptq-int4-g128", "awq-int4-g128",
+                                 "int4-g128", "gguf-bf16", "gguf-q4_0"])
+def test_library_formats_bytes(name, fmt):
+    """Each library layout's bytes per step, from the layout's own definition."""
+    cfg = shipped_config(name)
+    total, embed, linears = expected_counts(cfg)
+    h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
+    head = embed  # the LM head has the table's shape; a tied table is read once, as the head
+    bias = total - linears - embed - (0 if cfg["tie_word_embeddings"] else head) - (2 * layers + 1) * h
+    norms = (2 * layers + 1) * h
+    row = 0 if cfg["tie_word_embeddings"] else h
+    linear_bytes, head_bytes, row_bytes, small_bytes = {
+        # bitsandbytes NF4: 4-bit codes + one fp32 absmax per block of 64
+        "nf4": (linears / 2 + linears / 64 * 4, head * 2, row * 2, (norms + bias) * 2),
+        # LLM.int8: int8 + one fp32 scale per output row
+        "bnb-int8": (linears + layers * linear_rows(cfg) * 4, head * 2, row * 2, (norms + bias) * 2),
+        # GPTQ / AWQ: 4-bit weights, per 128 an fp16 scale and a 4-bit zero
+        "gptq-int4-g128": (linears / 2 + linears / 128 * 2.5, head * 2, row * 2, (norms + bias) * 2),
+        "awq-int4-g128": (linears / 2 + linears / 128 * 2.5, head * 2, row * 2, (norms + bias) * 2),
+        # tinygemm: 4-bit weights, per 128 a bf16 scale and a bf16 zero
+        "int4-g128": (linears / 2 + linears / 128 * 4, head * 2, row * 2, (norms + bias) * 2),
+        # GGUF: F32 norms and biases; Q4_0 = 18 bytes per 32 weights; Q6_K = 210 bytes per 256
+        "gguf-bf16": (linears * 2, head * 2, row * 2, (norms + bias) * 4),
+        "gguf-q4_0": (linears / 32 * 18, head / 256 * 210, row / 32 * 18, (norms + bias) * 4),
+    }[fmt]
+    f = floor(resolve_model(name), lookup("h200"), 2048, weight_format=fmt)
+    assert f.weight_bytes == pytest.approx(linear_bytes + head_bytes + row_bytes + small_bytes, abs=1)
+    assert f.kv_bytes == expected_kv_bytes(cfg, 2048)
+
+
+def test_quantised_qwen_weights_shrink_as_the_layouts_say():
+    # Qwen2.5-7B: 6.53 B linear weights; 4-bit layouts take about a quarter of their bytes.
+    spec, h200 = resolve_model("qwen2.5-7b"), lookup("h200")
+    bf16 = floor(spec, h200, 2048).weight_bytes
+    gptq = floor(spec, h200, 2048, weight_format="gptq-int4-g128").weight_bytes
+    assert 3.1 < bf16 / gptq < 3.2  # the 1.09 GB 16-bit LM head keeps it far from 3.85

@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from floorline.errors import FloorlineError
@@ -115,12 +116,44 @@ def gpus() -> None:
     out.print(table)
 
 
+@app.command()
+def formats() -> None:
+    """Weight formats of the floor: bits per weight, group metadata, what stays 16-bit."""
+    from floorline.traffic import WEIGHT_FORMATS
+
+    table = Table("format", "linear bits/weight", "group", "metadata bits/group", "LM head bits",
+                  "norms/biases bits", "layout")
+    for f in WEIGHT_FORMATS.values():
+        per_weight = f.bits + (f.group_bits / f.group_size if f.group_size else 0)
+        per_row = "" if f.group_size or not f.group_bits else f" + {f.group_bits:g} per row"
+        table.add_row(f.name, f"{per_weight:.4g}{per_row}",
+                      str(f.group_size or "row"), f"{f.group_bits:g}", f"{f.head_bits:.4g}",
+                      str(f.dense_bits), f.source)
+    out.print(table)
+
+
+@app.command("paths")
+def paths_cmd(device: DEVICE_OPTION = None) -> None:
+    """Every base path: its weight format, the libraries it runs on, and whether it can run here."""
+    from floorline.paths import REGISTRY, parse_path, unavailable
+
+    device = check_device(device or default_device())
+    table = Table("path", "weights", "KV", "16-bit reference", "libraries", f"on {device}",
+                  title="options: +compile, +graphs")
+    for name, path in REGISTRY.items():
+        reason = unavailable(parse_path(name), device)
+        libraries = ", ".join(f"{k} {v or '(absent)'}" for k, v in path.versions().items())
+        table.add_row(name, path.weight_format, path.kv_dtype, path.reference or "-", libraries,
+                      "[green]ready[/green]" if reason is None else escape(reason))
+    out.print(table)
+
+
 @app.command("floor")
 def floor_cmd(
     model: Annotated[str, typer.Option(help="Shipped name or local directory with config.json.")],
     gpu: Annotated[Optional[str], typer.Option(help="Catalogue name; default: the running GPU.")] = None,
     ctx: Annotated[Optional[list[str]], typer.Option(help="Context lengths, e.g. 2048,16384.")] = None,
-    weight_format: Annotated[str, typer.Option(help="bf16, fp16, fp32, int8, int4-g128, nf4, nf4-dq.")] = "bf16",
+    weight_format: Annotated[str, typer.Option(help="bf16, fp16, fp32, int8, int4-g128, nf4, nf4-dq, bnb-int8, gptq-int4-g128, awq-int4-g128, gguf-bf16, gguf-q4_0 (`floorline formats`).")] = "bf16",
     kv_dtype: Annotated[str, typer.Option(help="bf16, fp16, fp32, fp8.")] = "bf16",
     trust_remote_code: bool = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
@@ -153,8 +186,14 @@ def floor_cmd(
 def cells_table(rows: list[dict], title: str, probes: dict[str, dict]) -> Table:
     """Cells with their fraction of the datasheet floor and, where this environment was probed,
     of the floor at the measured streaming-read bandwidth."""
-    table = Table("model", "ctx", "path", "gpu", "status", "ms/step", "p10-p90 ms", "floor ms",
-                  "of floor", "of measured", "GB/s", "reason", title=title)
+    from floorline.measure.reduction import describe, reductions
+
+    reduced = reductions(rows)
+    columns = ["model", "ctx", "path", "gpu", "status", "ms/step", "p10-p90 ms", "floor ms",
+               "of floor", "of measured", "GB/s"]
+    if reduced:
+        columns.append("vs 16-bit: expected / realised (share)")
+    table = Table(*columns, "reason", title=title)
     pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
     for r in rows:
         spread = f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}" if r["p10_ms"] is not None else "-"
@@ -167,7 +206,8 @@ def cells_table(rows: list[dict], title: str, probes: dict[str, dict]) -> Table:
             _num(r["median_ms"], ".2f"), spread, _num(r["floor_ms"], ".3f"),
             pct(r["fraction_of_floor"]), pct(of_measured),
             _num(r["achieved_gbps"], ".0f" if (r["achieved_gbps"] or 0) >= 100 else ".2f"),
-            r["reason"] or "",
+            *([describe(reduced.get(r["id"]))] if reduced else []),
+            escape(r["reason"] or ""),
         )
     return table
 
@@ -437,7 +477,10 @@ def show(
     store = Store(db)
     rows = store.rows(latest=not history)
     if as_json:
-        print(json.dumps(rows, indent=2))
+        from floorline.measure.reduction import reductions
+
+        reduced = reductions(rows)
+        print(json.dumps([{**r, "reduction": reduced.get(r["id"])} for r in rows], indent=2))
     elif as_csv:
         writer = csv.DictWriter(sys.stdout, fieldnames=COLUMNS)
         writer.writeheader()

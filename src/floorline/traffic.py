@@ -16,15 +16,22 @@ from floorline.models.zoo import ModelSpec
 
 @dataclass(frozen=True)
 class WeightFormat:
-    """How the weights of the decoder's linear layers are stored; everything else stays 16-bit
-    (32-bit under fp32). `group_size` weights share `group_bits` of scale/zero metadata;
-    group_size 0 means one group per output channel."""
+    """How a checkpoint format stores the weights one step reads.
+
+    The decoder's linear layers hold `bits` per weight, and every `group_size` weights of a row
+    share `group_bits` of metadata (scales, zeros, absmax); group_size 0 means one group per
+    output row. The LM head holds `head_bits` per weight (its metadata included), the one input
+    embedding row a step reads `embed_bits`, and norms and biases `dense_bits`.
+    """
 
     name: str
     bits: float
     group_size: int = 0
     group_bits: float = 0.0
-    dense_bits: int = 16  # norms, biases, embeddings and the LM head
+    head_bits: float = 16
+    embed_bits: float = 16
+    dense_bits: int = 16
+    source: str = ""
 
     def linear_bytes(self, out_features: int, in_features: int) -> float:
         n = out_features * in_features
@@ -32,16 +39,39 @@ class WeightFormat:
         return (n * self.bits + groups * self.group_bits) / 8
 
 
+# GGUF block types (ggml-common.h): Q4_0 = fp16 scale + 32 4-bit weights (18 bytes per 32);
+# Q6_K = 256 weights in 210 bytes (6.5625 bits). llama.cpp's Q4_0 files keep the LM head in Q6_K
+# and norms and biases in F32.
+Q4_0_BITS, Q6_K_BITS = 18 * 8 / 32, 210 * 8 / 256
+
 WEIGHT_FORMATS = {
     f.name: f
     for f in (
         WeightFormat("bf16", 16),
         WeightFormat("fp16", 16),
-        WeightFormat("fp32", 32, dense_bits=32),
-        WeightFormat("int8", 8, 0, 16),  # one fp16 scale per output channel
-        WeightFormat("int4-g128", 4, 128, 32),  # fp16 scale + fp16 zero per 128 (GPTQ/AWQ)
-        WeightFormat("nf4", 4, 64, 32),  # bitsandbytes: fp32 absmax per 64
-        WeightFormat("nf4-dq", 4, 64, 8 + 32 / 256),  # double quant: int8 absmax, fp32 per 256
+        WeightFormat("fp32", 32, head_bits=32, embed_bits=32, dense_bits=32),
+        WeightFormat("int8", 8, 0, 16, source="int8 with one fp16 scale per output row"),
+        WeightFormat("int4-g128", 4, 128, 32,
+                     source="int4 with a 16-bit scale and a 16-bit zero per 128 (torchao's "
+                            "tinygemm layout, Int4TilePackedTo4dTensor)"),
+        WeightFormat("nf4", 4, 64, 32, source="bitsandbytes NF4: one fp32 absmax per 64"),
+        WeightFormat("nf4-dq", 4, 64, 8 + 32 / 256,
+                     source="bitsandbytes NF4 with double quantisation: int8 absmax per 64, "
+                            "fp32 per 256 of those"),
+        WeightFormat("bnb-int8", 8, 0, 32,
+                     source="bitsandbytes LLM.int8: int8 weights, one fp32 scale (SCB) per row"),
+        WeightFormat("gptq-int4-g128", 4, 128, 16 + 4,
+                     source="GPTQ: int32-packed int4 qweight, fp16 scale and 4-bit packed zero "
+                            "per 128 (g_idx is not read when act-order is off)"),
+        WeightFormat("awq-int4-g128", 4, 128, 16 + 4,
+                     source="AWQ (AutoAWQ GEMM): int4 qweight, fp16 scale and 4-bit packed zero "
+                            "per 128; Marlin's repacked form holds the same"),
+        WeightFormat("gguf-bf16", 16, dense_bits=32,
+                     source="GGUF BF16: matrices in bf16, norms and biases in F32"),
+        WeightFormat("gguf-q4_0", 4, 32, 16, head_bits=Q6_K_BITS, embed_bits=Q4_0_BITS,
+                     dense_bits=32,
+                     source="GGUF Q4_0 as llama.cpp quantises: linears and embeddings Q4_0, "
+                            "LM head Q6_K, norms and biases F32"),
     )
 }
 KV_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
@@ -124,11 +154,12 @@ def weight_bytes(counts: ParamCounts, fmt: WeightFormat) -> int:
     """Weights one step reads: all but the input table, of which one row (a tied table is read
     whole, once, as the LM head)."""
     linear_params = sum(o * i for o, i in counts.linear_shapes) + counts.linear_bias
-    dense = counts.total - linear_params
-    if not counts.tied:
-        dense -= counts.input_embedding - counts.hidden_size
+    head = counts.input_embedding  # an untied head has the input table's shape
+    dense = counts.total - linear_params - counts.input_embedding - (0 if counts.tied else head)
     linear = sum(fmt.linear_bytes(o, i) for o, i in counts.linear_shapes)
-    return round(linear + (counts.linear_bias + dense) * fmt.dense_bits / 8)
+    row = 0 if counts.tied else counts.hidden_size
+    return round(linear + head * fmt.head_bits / 8 + row * fmt.embed_bits / 8
+                 + (counts.linear_bias + dense) * fmt.dense_bits / 8)
 
 
 def kv_layout(config) -> tuple[int, list[int | None]]:
@@ -166,7 +197,8 @@ def floor(spec: ModelSpec, gpu: DeviceSpec, ctx: int, weight_format: str = "bf16
     w = weight_bytes(counts, fmt)
     kv = kv_bytes(spec.config, ctx, kv_dtype)
     # The study's convention: every parameter (the whole input table too) plus the KV cache.
-    all_params = w + (0 if counts.tied else counts.input_embedding - counts.hidden_size) * fmt.dense_bits // 8
+    all_params = w + round((0 if counts.tied else counts.input_embedding - counts.hidden_size)
+                           * fmt.embed_bits / 8)
     bytes_per_ms = gpu.peak_gbps * 1e6
     return Floor(
         model=spec.name, gpu=gpu.name, ctx=ctx, weight_format=weight_format, kv_dtype=kv_dtype,

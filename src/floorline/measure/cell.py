@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from floorline.errors import FloorlineError
 from floorline.hardware import DeviceSpec
 from floorline.measure.fingerprint import clocks
+from floorline.measure.reduction import reference_path
 from floorline.measure.timer import time_steps
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, PathUnavailable, open_session, parse_path, unavailable
@@ -72,6 +73,13 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
     cell.floor = floor(model, gpu, key.ctx, path.weight_format, path.kv_dtype).as_dict()
     cell.details = {"seed": seed, "device": device, "peak_source": gpu.source,
                     "real_weights": model.has_real_weights}
+    if path.versions():
+        cell.details["libraries"] = path.versions()
+    if path.reference is not None:
+        ref = REGISTRY[path.reference]
+        ref_floor = floor(model, gpu, key.ctx, ref.weight_format, ref.kv_dtype)
+        cell.details["reference"] = {"path": reference_path(key.path),
+                                     "total_bytes": ref_floor.total_bytes}
     if spec.compile:
         cell.details["compile_mode"] = compile_mode(device)
     # Tokens the cache must hold: the context, then every step the session runs.

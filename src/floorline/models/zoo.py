@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
@@ -43,6 +43,10 @@ class ModelSpec:
     @property
     def has_real_weights(self) -> bool:
         return self.weights_dir is not None
+
+    def without_weights(self) -> "ModelSpec":
+        """The same architecture with seeded random weights."""
+        return replace(self, weights_dir=None)
 
 
 def shipped_models() -> list[str]:

@@ -6,9 +6,18 @@ from floorline.errors import FloorlineError
 from floorline.paths.base import (
     OPTIONS, GraphedSession, Path, PathSpec, PathUnavailable, Session, compile_mode,
 )
+from floorline.paths.awq_marlin import AwqMarlinPath
+from floorline.paths.bnb import BnbPath
+from floorline.paths.exllamav2 import ExllamaV2Path
 from floorline.paths.hf import HFPath
+from floorline.paths.llamacpp import LlamaCppPath
+from floorline.paths.torchao import TorchaoInt4Path
 
-REGISTRY: dict[str, Path] = {p.name: p for p in (HFPath("dynamic"), HFPath("static"))}
+REGISTRY: dict[str, Path] = {p.name: p for p in (
+    HFPath("dynamic"), HFPath("static"),
+    BnbPath("nf4"), BnbPath("int8"), ExllamaV2Path(), AwqMarlinPath(), TorchaoInt4Path(),
+    LlamaCppPath("bf16"), LlamaCppPath("q4_0"),
+)}
 
 
 def parse_path(text: str) -> PathSpec:

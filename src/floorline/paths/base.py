@@ -45,10 +45,17 @@ class Path(ABC):
     name: str
     weight_format = "bf16"
     kv_dtype = "bf16"
+    # The 16-bit path of the same runtime that a quantised path's realised reduction is
+    # measured against (same options); None for 16-bit paths.
+    reference: str | None = None
 
     def unavailable(self, device: str) -> str | None:
         """Why this path cannot run on `device`, or None."""
         return None
+
+    def versions(self) -> dict:
+        """Versions of the libraries this path runs on, beyond the fingerprint's."""
+        return {}
 
     @abstractmethod
     def open(self, model, device: str, capacity: int, seed: int) -> Session: ...
@@ -74,8 +81,14 @@ class GraphedSession(Session):
                 self.inner.step()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.inner.step()
+        try:
+            with torch.cuda.graph(self.graph):
+                self.inner.step()
+        except RuntimeError as e:  # a library that synchronises or allocates inside its step
+            self.graph = None
+            reset_capture_state()
+            raise PathUnavailable("its step cannot be captured in a CUDA graph: "
+                                  + (str(e).splitlines() or [type(e).__name__])[0]) from None
 
     def step(self) -> None:
         self.graph.replay()
@@ -83,6 +96,18 @@ class GraphedSession(Session):
     def close(self) -> None:
         self.graph = None
         self.inner.close()
+
+
+def reset_capture_state() -> None:
+    """A capture that failed leaves torch's CUDA generator marked as capturing, and every later
+    random draw in the process then fails; an empty capture that ends cleanly resets it."""
+    import torch
+
+    try:
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            pass
+    except RuntimeError:
+        pass
 
 
 @dataclass(frozen=True)

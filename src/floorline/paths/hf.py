@@ -54,17 +54,24 @@ class HFSession(Session):
 
 
 class HFPath(Path):
+    dtype_name = "bfloat16"
+
     def __init__(self, cache: str):
         self.cache_kind = cache
         self.name = {"dynamic": "hf-eager", "static": "hf-static"}[cache]
 
-    def open(self, model, device: str, capacity: int, seed: int) -> Session:
+    def build(self, model, device: str, seed: int):
+        """The transformers model this path decodes with."""
         import torch
-        from transformers import DynamicCache, StaticCache
 
         from floorline.models import build_model
 
-        hf_model = build_model(model, device, torch.bfloat16, seed)
+        return build_model(model, device, getattr(torch, self.dtype_name), seed)
+
+    def open(self, model, device: str, capacity: int, seed: int) -> Session:
+        from transformers import DynamicCache, StaticCache
+
+        hf_model = self.build(model, device, seed)
         if self.cache_kind == "dynamic":
             cache = DynamicCache(config=hf_model.config)
             return HFSession(hf_model, cache, device, seed,

@@ -93,25 +93,33 @@ def ab_forest(experiments):
 
 
 def quantised(cells):
-    """4. Quantised paths: ms/step against their own floor and the bf16 baseline."""
+    """4. Quantised paths: ms/step against their own floor and their 16-bit reference."""
     from floorline.hardware import lookup
+    from floorline.measure.reduction import reductions
     from floorline.models import resolve_model
-    from floorline.traffic import floor
+    from floorline.traffic import WEIGHT_FORMATS, floor
 
-    quant = [c for c in _valid(cells) if c["weight_format"] not in ("bf16", "fp16", "fp32")]
+    quant = [c for c in _valid(cells) if WEIGHT_FORMATS[c["weight_format"]].bits < 16]
+    by_id = {c["id"]: c for c in cells}
+    reduced = reductions(cells)
     ref = study()["quantised_ms"]
     # The study names Qwen2.5-7B as its model; its quantised cells are taken to be that model.
     spec, l4 = resolve_model("qwen2.5-7b"), lookup("l4")
-    fig, ax = plt.subplots(figsize=(7, 4))
-    labels = [f"study L4: {r['path']}" for r in ref] + [f"{c['model']} {c['gpu']}: {c['path']}" for c in quant]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    labels = [f"study L4: {r['path']}" for r in ref] + [f"{c['model']} {c['gpu']} ctx {c['ctx']}: {c['path']}" for c in quant]
     measured = [r["ms"] for r in ref] + [c["median_ms"] for c in quant]
     floors = [floor(spec, l4, 2048, r["weight_format"]).floor_ms for r in ref] + [c["floor_ms"] for c in quant]
+    baselines = [ref[0]["ms"]] * len(ref) + [
+        by_id[reduced[c["id"]]["reference_id"]]["median_ms"]
+        if reduced.get(c["id"], {}).get("reference_id") else None for c in quant]
     x = range(len(labels))
     ax.bar([i - 0.2 for i in x], measured, 0.4, label="measured ms/step")
     ax.bar([i + 0.2 for i in x], floors, 0.4, label="its own floor")
-    ax.axhline(ref[0]["ms"], color="grey", ls=":", label="study L4 bf16 baseline")
-    ax.set_xticks(list(x), labels, rotation=20, ha="right", fontsize=7)
-    ax.set(ylabel="ms/step", title="Quantised paths against their floors (study floors: qwen2.5-7b, ctx 2048)")
+    ax.scatter([i for i in x if baselines[i]], [b for b in baselines if b], marker="_", s=300,
+               color="black", zorder=3, label="16-bit reference (same runtime and options)")
+    ax.set_xticks(list(x), labels, rotation=35, ha="right", fontsize=6)
+    ax.set_yscale("log")
+    ax.set(ylabel="ms/step (log)", title="Quantised paths against their floors and 16-bit references")
     ax.legend(fontsize=7)
     fig.tight_layout()
     missing = None if quant else "no quantised cells measured yet; the study's published L4 cells only"

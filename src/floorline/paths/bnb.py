@@ -1,0 +1,38 @@
+"""bitsandbytes: `bnb-nf4` (NF4, block 64, fp32 absmax, no double quantisation) and `bnb-int8`
+(LLM.int8 with transformers' default outlier threshold 6.0), quantised from 16-bit weights by
+bitsandbytes' own quantiser as transformers' BitsAndBytesConfig does it."""
+
+from __future__ import annotations
+
+from floorline.paths.quantised import QuantisingHFPath, replace_linears
+
+
+class BnbPath(QuantisingHFPath):
+    module = distribution = "bitsandbytes"
+    extra = "bnb"
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.name = f"bnb-{kind}"
+        self.weight_format = {"nf4": "nf4", "int8": "bnb-int8"}[kind]
+
+    def quantise(self, hf_model, device: str) -> None:
+        import bitsandbytes as bnb
+
+        def make(name, linear):
+            shape = (linear.in_features, linear.out_features, linear.bias is not None)
+            # The parameter classes quantise when they are moved to a device.
+            if self.kind == "nf4":
+                q = bnb.nn.Linear4bit(*shape, compute_dtype=linear.weight.dtype, quant_type="nf4",
+                                      compress_statistics=False, device="meta")
+                q.weight = bnb.nn.Params4bit(linear.weight.data, requires_grad=False, blocksize=64,
+                                             compress_statistics=False, quant_type="nf4").to(device)
+            else:
+                q = bnb.nn.Linear8bitLt(*shape, has_fp16_weights=False, threshold=6.0, device="meta")
+                q.weight = bnb.nn.Int8Params(linear.weight.data, requires_grad=False,
+                                             has_fp16_weights=False).to(device)
+            if linear.bias is not None:
+                q.bias = linear.bias
+            return q
+
+        replace_linears(hf_model, make)

@@ -1,0 +1,172 @@
+"""llama.cpp through llama-cpp-python's C API: `llamacpp-bf16` and `llamacpp-q4_0`.
+
+A local directory holding config.json and one .gguf file is loaded as it is; otherwise the
+model's config is written once as a GGUF of seeded random weights (layouts/gguf.py) into the
+cache directory (FLOORLINE_CACHE, default ~/.cache/floorline) and reused. Every layer is on the GPU, the KV
+cache in f16, flash attention as llama.cpp decides (auto). A step is one llama_decode of one
+token, llama_synchronize, and greedy argmax over the logits on the host: llama.cpp's own step,
+synchronous, so the timer's events bracket all of it. llama.cpp replays its own CUDA graphs
+inside llama_decode, so floorline's +graphs and +compile do not apply.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import sys
+from pathlib import Path as FilePath
+
+from floorline.errors import FloorlineError
+from floorline.paths.base import Path, Session
+from floorline.paths.quantised import library_missing, library_version
+
+N_BATCH = 2048  # prefill tokens per llama_decode call, llama.cpp's default
+_log_callback = None  # llama.cpp keeps the pointer: the callback must live as long as the process
+
+
+def cache_dir() -> FilePath:
+    return FilePath(os.environ.get("FLOORLINE_CACHE", "~/.cache/floorline")).expanduser()
+
+
+def load_llama_cpp(device: str):
+    """The ctypes bindings, with llama.cpp's logging silenced. A CUDA build links the CUDA
+    runtime and cuBLAS, which a pip-installed torch carries under nvidia/*/lib: load those first
+    so that the build finds them without LD_LIBRARY_PATH."""
+    global _log_callback
+    if device.startswith("cuda") and "llama_cpp" not in sys.modules:
+        for name in ("libcudart.so.1[0-9]", "libcublasLt.so.1[0-9]", "libcublas.so.1[0-9]"):
+            found = [f for p in sys.path for f in glob.glob(os.path.join(p, "nvidia", "*", "lib", name))]
+            if found:
+                ctypes.CDLL(found[0], mode=ctypes.RTLD_GLOBAL)
+    import llama_cpp
+
+    if _log_callback is None:
+        if not os.environ.get("FLOORLINE_LLAMA_LOG"):  # set it to see llama.cpp's own log
+            _log_callback = llama_cpp.llama_log_callback(lambda level, text, data: None)
+            llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        else:
+            _log_callback = True
+        llama_cpp.llama_backend_init()
+    return llama_cpp
+
+
+def gguf_file(model, fmt: str, seed: int) -> FilePath:
+    """The GGUF this cell runs: the one .gguf file of a model directory, loaded as it is; else
+    seeded random weights of the model's config, written once into the cache."""
+    import hashlib
+
+    from floorline.layouts.gguf import write_random_gguf
+
+    directory = FilePath(model.name)
+    found = sorted(directory.glob("*.gguf")) if directory.is_dir() else []
+    if len(found) > 1:
+        raise FloorlineError(f"{directory} holds {len(found)} .gguf files; keep one")
+    if found:
+        return found[0]
+    config = model.config.to_json_string(use_diff=False)
+    key = hashlib.sha256(config.encode()).hexdigest()[:16]
+    path = cache_dir() / "gguf" / f"{directory.name}-{key}-{fmt}-seed{seed}.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        write_random_gguf(model.config, partial, fmt, seed)
+        partial.rename(path)  # a run killed mid-write leaves no file that looks complete
+    return path
+
+
+class LlamaCppSession(Session):
+    not_static = ("llama.cpp replays its own CUDA graphs inside llama_decode; floorline cannot "
+                  "capture or compile its step")
+
+    def __init__(self, L, file: FilePath, device: str, capacity: int, seed: int):
+        import numpy as np
+
+        self.L, self.seed = L, seed
+        params = L.llama_model_default_params()
+        params.n_gpu_layers = -1 if device.startswith("cuda") else 0
+        self.model = L.llama_model_load_from_file(str(file).encode(), params)
+        if not self.model:
+            raise FloorlineError(f"llama.cpp could not load {file}")
+        cp = L.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = capacity, N_BATCH, 512, 1
+        cp.type_k = cp.type_v = 1  # GGML_TYPE_F16
+        cp.no_perf = True
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            L.llama_model_free(self.model)
+            raise FloorlineError("llama.cpp could not create a context of "
+                                 f"{capacity} tokens for {file}")
+        self.vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        self.batch = L.llama_batch_init(N_BATCH, 0, 1)
+        self.tokens = np.ctypeslib.as_array(self.batch.token, shape=(N_BATCH,))
+        self.positions = np.ctypeslib.as_array(self.batch.pos, shape=(N_BATCH,))
+        self.wants_logits = np.ctypeslib.as_array(self.batch.logits, shape=(N_BATCH,))
+        np.ctypeslib.as_array(self.batch.n_seq_id, shape=(N_BATCH,))[:] = 1
+        for i in range(N_BATCH):
+            self.batch.seq_id[i][0] = 0
+        self.position = 0
+        self.token = None
+
+    def _decode(self, tokens) -> int:
+        """Feeds `tokens` at the next positions; returns the greedy next token."""
+        import numpy as np
+
+        n = len(tokens)
+        self.tokens[:n] = tokens
+        self.positions[:n] = np.arange(self.position, self.position + n)
+        self.wants_logits[:n] = 0
+        self.wants_logits[n - 1] = 1
+        self.batch.n_tokens = n
+        code = self.L.llama_decode(self.ctx, self.batch)
+        if code != 0:
+            raise RuntimeError(f"llama_decode returned {code} at position {self.position}")
+        self.position += n
+        self.L.llama_synchronize(self.ctx)
+        logits = np.ctypeslib.as_array(self.L.llama_get_logits_ith(self.ctx, n - 1), shape=(self.vocab,))
+        return int(logits.argmax())
+
+    def prefill(self, ctx: int) -> None:
+        import numpy as np
+
+        prompt = np.random.default_rng(self.seed).integers(0, self.vocab, ctx, dtype=np.int32)
+        for start in range(0, ctx, N_BATCH):
+            self.token = self._decode(prompt[start:start + N_BATCH])
+
+    def step(self) -> None:
+        self.token = self._decode([self.token])
+
+    def close(self) -> None:
+        if self.batch is not None:
+            self.L.llama_batch_free(self.batch)
+        if self.ctx:
+            self.L.llama_free(self.ctx)
+        if self.model:
+            self.L.llama_model_free(self.model)
+        self.batch = self.ctx = self.model = None
+
+
+class LlamaCppPath(Path):
+    kv_dtype = "fp16"
+    module, distribution, extra = "llama_cpp", "llama-cpp-python", "llamacpp"
+
+    def __init__(self, fmt: str):
+        self.fmt = fmt
+        self.name = f"llamacpp-{fmt}"
+        self.weight_format = f"gguf-{fmt}"
+        self.reference = None if fmt == "bf16" else "llamacpp-bf16"
+
+    def unavailable(self, device: str) -> str | None:
+        return (library_missing(self.module, self.distribution, self.extra)
+                or library_missing("gguf", "gguf", self.extra))
+
+    def versions(self) -> dict:
+        return {self.distribution: library_version(self.distribution),
+                "gguf": library_version("gguf")}
+
+    def open(self, model, device: str, capacity: int, seed: int) -> Session:
+        L = load_llama_cpp(device)
+        if device.startswith("cuda") and not L.llama_supports_gpu_offload():
+            raise FloorlineError("this llama-cpp-python was built without GPU support; rebuild it "
+                                 "with CMAKE_ARGS=-DGGML_CUDA=on")
+        return LlamaCppSession(L, gguf_file(model, self.fmt, seed), device, capacity, seed)
