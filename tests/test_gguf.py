@@ -107,3 +107,30 @@ def test_llama_cpp_steps_are_not_ours_to_capture(model_dir, monkeypatch, tmp_pat
     monkeypatch.setenv("FLOORLINE_CACHE", str(tmp_path / "cache"))
     with pytest.raises(PathUnavailable, match="llama.cpp replays its own CUDA graphs"):
         open_session(parse_path("llamacpp-q4_0+compile"), resolve_model(str(model_dir)), "cpu", 64, 0)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "q4_0"])
+def test_a_directorys_gguf_must_be_the_paths_format(model_dir, fmt):
+    from floorline.errors import FloorlineError
+    from floorline.layouts.gguf import file_type
+    from floorline.paths.llamacpp import gguf_file
+
+    write(model_dir, fmt)
+    assert file_type(model_dir / f"m-{fmt}.gguf") == fmt
+    spec = resolve_model(str(model_dir))
+    assert gguf_file(spec, fmt, seed=0) == model_dir / f"m-{fmt}.gguf"
+    other = "q4_0" if fmt == "bf16" else "bf16"
+    with pytest.raises(FloorlineError, match=f"not a {other} GGUF: run it as llamacpp-{fmt}"):
+        gguf_file(spec, other, seed=0)
+
+
+def test_tiny_q4_0_heads_fall_back_to_q8_0_and_the_floor_knows(tmp_path):
+    # hidden 96: llama-quantize (and the writer) keep the head in Q8_0, not Q6_K.
+    (tmp_path / "config.json").write_text(json.dumps({**CONFIG, "hidden_size": 96,
+                                                      "intermediate_size": 192}))
+    reader = write(tmp_path, "q4_0")
+    assert gguf.GGMLQuantizationType(
+        {t.name: t for t in reader.tensors}["output.weight"].tensor_type).name == "Q8_0"
+    sizes = {t.name: int(t.n_bytes) for t in reader.tensors}
+    expected = sum(sizes.values()) - sizes["token_embd.weight"] + sizes["token_embd.weight"] // 512
+    assert floor(resolve_model(str(tmp_path)), lookup("h200"), 16, weight_format="gguf-q4_0").weight_bytes == expected

@@ -29,6 +29,7 @@ class WeightFormat:
     group_size: int = 0
     group_bits: float = 0.0
     head_bits: float = 16
+    head_bits_unaligned: float | None = None  # a k-quant head whose rows are not 256-aligned
     embed_bits: float = 16
     dense_bits: int = 16
     source: str = ""
@@ -40,9 +41,9 @@ class WeightFormat:
 
 
 # GGUF block types (ggml-common.h): Q4_0 = fp16 scale + 32 4-bit weights (18 bytes per 32);
-# Q6_K = 256 weights in 210 bytes (6.5625 bits). llama.cpp's Q4_0 files keep the LM head in Q6_K
-# and norms and biases in F32.
-Q4_0_BITS, Q6_K_BITS = 18 * 8 / 32, 210 * 8 / 256
+# Q6_K = 256 weights in 210 bytes (6.5625 bits); Q8_0 = 34 bytes per 32. llama.cpp's Q4_0 files
+# keep the LM head in Q6_K (Q8_0 where a row is not a multiple of 256) and norms in F32.
+Q4_0_BITS, Q6_K_BITS, Q8_0_BITS = 18 * 8 / 32, 210 * 8 / 256, 34 * 8 / 32
 
 WEIGHT_FORMATS = {
     f.name: f
@@ -68,8 +69,8 @@ WEIGHT_FORMATS = {
                             "per 128; Marlin's repacked form holds the same"),
         WeightFormat("gguf-bf16", 16, dense_bits=32,
                      source="GGUF BF16: matrices in bf16, norms and biases in F32"),
-        WeightFormat("gguf-q4_0", 4, 32, 16, head_bits=Q6_K_BITS, embed_bits=Q4_0_BITS,
-                     dense_bits=32,
+        WeightFormat("gguf-q4_0", 4, 32, 16, head_bits=Q6_K_BITS, head_bits_unaligned=Q8_0_BITS,
+                     embed_bits=Q4_0_BITS, dense_bits=32,
                      source="GGUF Q4_0 as llama.cpp quantises: linears and embeddings Q4_0, "
                             "LM head Q6_K, norms and biases F32"),
     )
@@ -158,7 +159,10 @@ def weight_bytes(counts: ParamCounts, fmt: WeightFormat) -> int:
     dense = counts.total - linear_params - counts.input_embedding - (0 if counts.tied else head)
     linear = sum(fmt.linear_bytes(o, i) for o, i in counts.linear_shapes)
     row = 0 if counts.tied else counts.hidden_size
-    return round(linear + head * fmt.head_bits / 8 + row * fmt.embed_bits / 8
+    head_bits = fmt.head_bits
+    if fmt.head_bits_unaligned is not None and counts.hidden_size % 256:
+        head_bits = fmt.head_bits_unaligned
+    return round(linear + head * head_bits / 8 + row * fmt.embed_bits / 8
                  + (counts.linear_bias + dense) * fmt.dense_bits / 8)
 
 

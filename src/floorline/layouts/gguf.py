@@ -16,7 +16,7 @@ from pathlib import Path
 STD = 0.02
 CHUNK = 1 << 24  # weights drawn per chunk, so that a 7B file is written in bounded memory
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
-FORMATS = ("bf16", "q4_0")
+WRITER_VERSION = 1  # part of the cache key: a changed writer writes new files
 
 
 def _fp16_bytes(x):
@@ -134,8 +134,8 @@ def tensor_bytes(shape, qtype) -> int:
     return math.prod(shape) // block * size
 
 
-def write_random_gguf(config, path: Path, fmt: str, seed: int) -> int:
-    """Writes a GGUF of `config` (a transformers config) in `fmt`; returns its tensor bytes."""
+def write_random_gguf(config, path: Path, fmt: str, seed: int) -> None:
+    """Writes a GGUF of `config` (a transformers config) in `fmt`."""
     import gguf
     import numpy as np
 
@@ -187,7 +187,18 @@ def write_random_gguf(config, path: Path, fmt: str, seed: int) -> int:
             _chunks(shape, qtype, kind, rng)
         w.write_tensor_data(_Streamed(tensor_bytes(shape, qtype), chunks))
     w.close()
-    return sum(tensor_bytes(shape, qtype) for _, shape, qtype, _ in plan)
+
+
+def file_type(path: Path) -> str | None:
+    """`bf16` or `q4_0` for a GGUF of that general.file_type, else None."""
+    import gguf
+
+    field = gguf.GGUFReader(str(path)).fields.get("general.file_type")
+    if field is None:
+        return None
+    value = int(field.parts[field.data[0]][0])
+    return {int(gguf.LlamaFileType.MOSTLY_BF16): "bf16",
+            int(gguf.LlamaFileType.MOSTLY_Q4_0): "q4_0"}.get(value)
 
 
 def llama3_rope_factors(cfg, rope: dict, head_dim: int):

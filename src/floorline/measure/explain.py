@@ -18,10 +18,10 @@ from collections import defaultdict
 from floorline.hardware import DeviceSpec
 from floorline.measure.timer import time_steps
 from floorline.models import resolve_model
-from floorline.paths import open_session, parse_path
+from floorline.paths import REGISTRY, open_session, parse_path
 from floorline.paths.base import GRAPH_WARMUP_STEPS
 from floorline.stats import summarise
-from floorline.traffic import count_parameters, floor
+from floorline.traffic import WEIGHT_FORMATS, count_parameters, floor
 
 # First match wins, on the lower-cased kernel (or operator) name.
 CLASSES = (
@@ -107,8 +107,11 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     from torch.profiler import ProfilerActivity, profile
 
     spec, model = parse_path(path), resolve_model(model_name)
-    f = floor(model, gpu, ctx)
-    matrix_bytes = 2 * sum(o * i for o, i in count_parameters(model).matrix_shapes)  # bf16
+    runtime = REGISTRY[spec.base]
+    f = floor(model, gpu, ctx, runtime.weight_format, runtime.kv_dtype)
+    fmt = WEIGHT_FORMATS[runtime.weight_format]
+    *linears, head = count_parameters(model).matrix_shapes
+    matrix_bytes = sum(fmt.linear_bytes(o, i) for o, i in linears) + head[0] * head[1] * fmt.head_bits / 8
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     capacity = ctx + GRAPH_WARMUP_STEPS + warmup + 2 * steps
     with torch.no_grad():

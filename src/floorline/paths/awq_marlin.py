@@ -94,7 +94,9 @@ class AwqMarlinPath(PackedHFPath):
     quant_method = "awq"
 
     def unavailable(self, device: str) -> str | None:
-        return marlin_library_missing() or super().unavailable(device)
+        if not device.startswith("cuda"):
+            return "the Marlin kernels run on CUDA only"
+        return marlin_library_missing()
 
     def versions(self) -> dict:
         return {"marlin-kernels": "0.2.0 sources (kernels/marlin/build.sh)"}

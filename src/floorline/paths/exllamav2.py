@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from functools import cache
 
+from floorline.errors import FloorlineError
 from floorline.layouts import gptq
 from floorline.paths.quantised import PackedHFPath
 
@@ -52,13 +53,6 @@ def exllamav2_linear():
             ext.gemm_half_q_half(rows.to(torch.float16).contiguous(), self.handle, out, False)
             return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
-        def reconstruct(self):
-            """The fp16 [out, in] weight as exllamav2 itself dequantises it."""
-            w = torch.empty(self.in_features, self.out_features, dtype=torch.float16,
-                            device=self.qweight.device)
-            ext.reconstruct(self.handle, w)
-            return w.t()
-
     return Linear
 
 
@@ -69,6 +63,12 @@ class ExllamaV2Path(PackedHFPath):
     extra = "exllamav2"
     layout = gptq
     quant_method = "gptq"
+
+    def check_checkpoint(self, qc: dict, name: str) -> None:
+        super().check_checkpoint(qc, name)
+        if qc.get("checkpoint_format", "gptq") != "gptq":  # gptq_v2 stores zeros without the -1
+            raise FloorlineError(f"{name}: exllamav2 reads GPTQ v1 checkpoints, not "
+                                 f"{qc['checkpoint_format']}")
 
     def make_linear(self, tensors: dict, bias, device: str, shared: dict):
         return exllamav2_linear()(tensors, bias, device, shared)

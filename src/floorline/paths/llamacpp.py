@@ -52,26 +52,39 @@ def load_llama_cpp(device: str):
 
 
 def gguf_file(model, fmt: str, seed: int) -> FilePath:
-    """The GGUF this cell runs: the one .gguf file of a model directory, loaded as it is; else
-    seeded random weights of the model's config, written once into the cache."""
+    """The GGUF this cell runs: the one .gguf file of a model directory, loaded as it is (its
+    file type must be the path's); else seeded random weights of the model's config, written
+    once into the cache."""
     import hashlib
 
-    from floorline.layouts.gguf import write_random_gguf
+    from floorline.layouts.gguf import WRITER_VERSION, file_type, write_random_gguf
 
     directory = FilePath(model.name)
     found = sorted(directory.glob("*.gguf")) if directory.is_dir() else []
     if len(found) > 1:
         raise FloorlineError(f"{directory} holds {len(found)} .gguf files; keep one")
     if found:
+        held = file_type(found[0])
+        if held != fmt:
+            advice = f"run it as llamacpp-{held}" if held else "floorline has no floor for its type"
+            raise FloorlineError(f"{found[0]} is not a {fmt} GGUF: {advice}")
         return found[0]
+    if model.has_real_weights:
+        raise FloorlineError(f"{directory} holds safetensors but no .gguf: convert it with "
+                             "llama.cpp's convert_hf_to_gguf.py (random weights are drawn only "
+                             "for a config alone)")
     config = model.config.to_json_string(use_diff=False)
-    key = hashlib.sha256(config.encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{WRITER_VERSION} {config}".encode()).hexdigest()[:16]
     path = cache_dir() / "gguf" / f"{directory.name}-{key}-{fmt}-seed{seed}.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
-        write_random_gguf(model.config, partial, fmt, seed)
-        partial.rename(path)  # a run killed mid-write leaves no file that looks complete
+        try:
+            write_random_gguf(model.config, partial, fmt, seed)
+        except BaseException:
+            partial.unlink(missing_ok=True)  # several GB that no later run can use
+            raise
+        partial.rename(path)  # a file under the final name is always complete
     return path
 
 

@@ -123,7 +123,8 @@ def quantised(cells):
     ax.legend(fontsize=7)
     fig.tight_layout()
     missing = None if quant else "no quantised cells measured yet; the study's published L4 cells only"
-    return fig, [c["id"] for c in quant], missing
+    refs = [reduced[c["id"]]["reference_id"] for c in quant if reduced.get(c["id"], {}).get("reference_id")]
+    return fig, [c["id"] for c in quant] + sorted(set(refs)), missing
 
 
 PARTS = (("floor_ms", "floor"), ("lost_in_kernels_ms", "bandwidth lost in GEMV + attention kernels"),
