@@ -92,6 +92,7 @@ def test_llama_cpp_decodes_both_formats_and_reports_the_reduction(model_dir, tmp
             check=True, env={"FLOORLINE_CACHE": str(tmp_path / "cache")})
     cells = {c["path"]: c for c in json.loads(run_cli("show", "--db", db, "--json", check=True).stdout)}
     assert cells["llamacpp-bf16"]["status"] == cells["llamacpp-q4_0"]["status"] == "valid"
+    assert cells["llamacpp-bf16"]["details"]["real_weights"] is False  # a config alone: random
     r = cells["llamacpp-q4_0"]["reduction"]
     assert r["reference_id"] == cells["llamacpp-bf16"]["id"]
     assert r["expected"] == pytest.approx(cells["llamacpp-bf16"]["total_bytes"]

@@ -72,7 +72,7 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
     cell = CellResult(key, gpu.name, INVALID)
     cell.floor = floor(model, gpu, key.ctx, path.weight_format, path.kv_dtype).as_dict()
     cell.details = {"seed": seed, "device": device, "peak_source": gpu.source,
-                    "real_weights": model.has_real_weights}
+                    "real_weights": path.real_weights(model)}
     if path.versions():
         cell.details["libraries"] = path.versions()
     if path.reference is not None:

@@ -57,6 +57,10 @@ class Path(ABC):
         """Versions of the libraries this path runs on, beyond the fingerprint's."""
         return {}
 
+    def real_weights(self, model) -> bool:
+        """Whether a cell of `model` runs a checkpoint's weights rather than random ones."""
+        return model.has_real_weights
+
     @abstractmethod
     def open(self, model, device: str, capacity: int, seed: int) -> Session: ...
 

@@ -177,6 +177,10 @@ class LlamaCppPath(Path):
         return {self.distribution: library_version(self.distribution),
                 "gguf": library_version("gguf")}
 
+    def real_weights(self, model) -> bool:
+        directory = FilePath(model.name)
+        return directory.is_dir() and any(directory.glob("*.gguf"))
+
     def open(self, model, device: str, capacity: int, seed: int) -> Session:
         L = load_llama_cpp(device)
         if device.startswith("cuda") and not L.llama_supports_gpu_offload():
