@@ -39,6 +39,10 @@ class WeightFormat:
         groups = out_features if self.group_size == 0 else n / self.group_size
         return (n * self.bits + groups * self.group_bits) / 8
 
+    def head_bytes(self, vocab: int, hidden: int) -> float:
+        aligned = self.head_bits_unaligned is None or hidden % 256 == 0
+        return vocab * hidden * (self.head_bits if aligned else self.head_bits_unaligned) / 8
+
 
 # GGUF block types (ggml-common.h): Q4_0 = fp16 scale + 32 4-bit weights (18 bytes per 32);
 # Q6_K = 256 weights in 210 bytes (6.5625 bits); Q8_0 = 34 bytes per 32. llama.cpp's Q4_0 files
@@ -155,14 +159,12 @@ def weight_bytes(counts: ParamCounts, fmt: WeightFormat) -> int:
     """Weights one step reads: all but the input table, of which one row (a tied table is read
     whole, once, as the LM head)."""
     linear_params = sum(o * i for o, i in counts.linear_shapes) + counts.linear_bias
-    head = counts.input_embedding  # an untied head has the input table's shape
-    dense = counts.total - linear_params - counts.input_embedding - (0 if counts.tied else head)
+    table = counts.input_embedding  # an untied head has the input table's shape
+    dense = counts.total - linear_params - table - (0 if counts.tied else table)
     linear = sum(fmt.linear_bytes(o, i) for o, i in counts.linear_shapes)
     row = 0 if counts.tied else counts.hidden_size
-    head_bits = fmt.head_bits
-    if fmt.head_bits_unaligned is not None and counts.hidden_size % 256:
-        head_bits = fmt.head_bits_unaligned
-    return round(linear + head * head_bits / 8 + row * fmt.embed_bits / 8
+    head = fmt.head_bytes(*counts.matrix_shapes[-1])
+    return round(linear + head + row * fmt.embed_bits / 8
                  + (counts.linear_bias + dense) * fmt.dense_bits / 8)
 
 

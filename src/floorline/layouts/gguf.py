@@ -147,8 +147,12 @@ def write_random_gguf(config, path: Path, fmt: str, seed: int) -> None:
         raise FloorlineError(f"no GGUF writer for model_type '{cfg.model_type}' "
                              f"(known: {', '.join(ARCHITECTURES)})")
     rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    if (rope.get("rope_type") or rope.get("type") or "default") not in ("default", "llama3"):
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    if rope_type not in ("default", "llama3"):
         raise FloorlineError(f"no GGUF writer for rope scaling {rope}")
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+        raise FloorlineError("no GGUF writer for sliding-window attention")
+    theta = float(getattr(cfg, "rope_theta", None) or rope.get("rope_theta", 10000.0))
     plan = _plan(cfg, fmt)
     heads = cfg.num_attention_heads
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -167,13 +171,11 @@ def write_random_gguf(config, path: Path, fmt: str, seed: int) -> None:
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_rope_dimension_count(hd)
-    w.add_rope_freq_base(float(getattr(cfg, "rope_theta", None) or rope.get("rope_theta", 10000.0)))
+    w.add_rope_freq_base(theta)
     w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
-    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
-        raise FloorlineError("no GGUF writer for sliding-window attention")
     w.add_tokenizer_model("none")
     extra = []
-    if (rope.get("rope_type") or rope.get("type")) == "llama3":
+    if rope_type == "llama3":
         extra = [("rope_freqs.weight", (hd // 2,), gguf.GGMLQuantizationType.F32, "rope")]
     plan = extra + plan
     for name, shape, qtype, _ in plan:
@@ -183,7 +185,7 @@ def write_random_gguf(config, path: Path, fmt: str, seed: int) -> None:
     w.write_ti_data_to_file()
     for index, (name, shape, qtype, kind) in enumerate(plan):
         rng = np.random.default_rng([seed, index])
-        chunks = iter([llama3_rope_factors(cfg, rope, hd)]) if kind == "rope" else \
+        chunks = iter([llama3_rope_factors(rope, hd, theta)]) if kind == "rope" else \
             _chunks(shape, qtype, kind, rng)
         w.write_tensor_data(_Streamed(tensor_bytes(shape, qtype), chunks))
     w.close()
@@ -201,12 +203,11 @@ def file_type(path: Path) -> str | None:
             int(gguf.LlamaFileType.MOSTLY_Q4_0): "q4_0"}.get(value)
 
 
-def llama3_rope_factors(cfg, rope: dict, head_dim: int):
+def llama3_rope_factors(rope: dict, head_dim: int, theta: float):
     """Llama-3's frequency scaling as a per-frequency divisor (convert_hf_to_gguf's rope_freqs)."""
     import numpy as np
 
-    base = float(getattr(cfg, "rope_theta", None) or rope.get("rope_theta", 10000.0))
-    freqs = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     factor, old = rope["factor"], rope["original_max_position_embeddings"]
     low, high = rope["low_freq_factor"], rope["high_freq_factor"]
     wavelength = 2 * math.pi / freqs

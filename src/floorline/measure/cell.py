@@ -73,8 +73,9 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
     cell.floor = floor(model, gpu, key.ctx, path.weight_format, path.kv_dtype).as_dict()
     cell.details = {"seed": seed, "device": device, "peak_source": gpu.source,
                     "real_weights": path.real_weights(model)}
-    if path.versions():
-        cell.details["libraries"] = path.versions()
+    libraries = path.versions()
+    if libraries:
+        cell.details["libraries"] = libraries
     if path.reference is not None:
         ref = REGISTRY[path.reference]
         ref_floor = floor(model, gpu, key.ctx, ref.weight_format, ref.kv_dtype)

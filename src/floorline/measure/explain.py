@@ -111,7 +111,7 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     f = floor(model, gpu, ctx, runtime.weight_format, runtime.kv_dtype)
     fmt = WEIGHT_FORMATS[runtime.weight_format]
     *linears, head = count_parameters(model).matrix_shapes
-    matrix_bytes = sum(fmt.linear_bytes(o, i) for o, i in linears) + head[0] * head[1] * fmt.head_bits / 8
+    matrix_bytes = sum(fmt.linear_bytes(o, i) for o, i in linears) + fmt.head_bytes(*head)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     capacity = ctx + GRAPH_WARMUP_STEPS + warmup + 2 * steps
     with torch.no_grad():

@@ -41,12 +41,10 @@ def load_llama_cpp(device: str):
                 ctypes.CDLL(found[0], mode=ctypes.RTLD_GLOBAL)
     import llama_cpp
 
-    if _log_callback is None:
+    if _log_callback is None:  # once per process
+        _log_callback = llama_cpp.llama_log_callback(lambda level, text, data: None)
         if not os.environ.get("FLOORLINE_LLAMA_LOG"):  # set it to see llama.cpp's own log
-            _log_callback = llama_cpp.llama_log_callback(lambda level, text, data: None)
             llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-        else:
-            _log_callback = True
         llama_cpp.llama_backend_init()
     return llama_cpp
 
