@@ -29,7 +29,8 @@ CLASSES = (
     ("matrix-vector", ("gemv", "gemm", "nvjet", "xmma", "cutlass", "splitk", "_mm", "addmm",
                        "aten::mm", "linear", "matmul", "bmm")),
     ("sampling", ("argmax",)),
-    ("norms and rotary", ("rms", "norm", "rsqrt", "rotary", "cos", "sin", "neg", "pow", "mean")),
+    ("norms and rotary", ("rms", "norm", "rsqrt", "rotary", "rope", "cos", "sin", "neg", "pow",
+                          "mean")),
     ("elementwise", ()),
 )
 

@@ -8,6 +8,7 @@ from floorline.paths.base import (
 )
 from floorline.paths.awq_marlin import AwqMarlinPath
 from floorline.paths.bnb import BnbPath
+from floorline.paths.engine import EnginePath
 from floorline.paths.exllamav2 import ExllamaV2Path
 from floorline.paths.hf import HFPath
 from floorline.paths.llamacpp import LlamaCppPath
@@ -16,7 +17,7 @@ from floorline.paths.torchao import TorchaoInt4Path
 REGISTRY: dict[str, Path] = {p.name: p for p in (
     HFPath("dynamic"), HFPath("static"),
     BnbPath("nf4"), BnbPath("int8"), ExllamaV2Path(), AwqMarlinPath(), TorchaoInt4Path(),
-    LlamaCppPath("bf16"), LlamaCppPath("q4_0"),
+    LlamaCppPath("bf16"), LlamaCppPath("q4_0"), EnginePath(),
 )}
 
 

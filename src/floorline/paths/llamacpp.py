@@ -18,15 +18,12 @@ import sys
 from pathlib import Path as FilePath
 
 from floorline.errors import FloorlineError
+from floorline.localcache import cache_dir
 from floorline.paths.base import Path, Session
 from floorline.paths.quantised import library_missing, library_version
 
 N_BATCH = 2048  # prefill tokens per llama_decode call, llama.cpp's default
 _log_callback = None  # llama.cpp keeps the pointer: the callback must live as long as the process
-
-
-def cache_dir() -> FilePath:
-    return FilePath(os.environ.get("FLOORLINE_CACHE", "~/.cache/floorline")).expanduser()
 
 
 def load_llama_cpp(device: str):

@@ -1,0 +1,142 @@
+"""Micro-benchmarks of the engine's kernels at a model's shapes, on a CUDA GPU: achieved GB/s
+of each GEMV (tuned Triton launch vs cuBLAS through F.linear, same rotation past L2, both
+replayed from a CUDA graph), of decode attention at each context, and of rope + KV write.
+
+    python bench/engine_kernels.py --model qwen2.5-7b --ctx 2048,16384 [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import torch
+
+from floorline.engine.kernels.attention import attention, attention_scratch
+from floorline.engine.kernels.rope import rope_kv
+from floorline.engine.model import ATTENTION_BLOCK_T, DecoderConfig, attention_splits
+from floorline.engine.ops import TritonOps
+from floorline.engine.tuning import _time_graph
+from floorline.models import resolve_model
+
+
+def copies_for(nbytes: int) -> int:
+    return max(1, math.ceil(4 * torch.cuda.get_device_properties(0).L2_cache_size / nbytes))
+
+
+def gemv_rows(c: DecoderConfig, ops: TritonOps) -> list[dict]:
+    def draw(*shape, dtype=torch.bfloat16):
+        return torch.empty(shape, dtype=dtype, device="cuda").normal_(0, 0.02)
+
+    shapes = [  # name, N, K, flags, x dtype, out dtype
+        ("qkv+norm+bias" if c.qkv_bias else "qkv+norm", c.qkv_rows, c.hidden,
+         dict(norm=True, bias=c.qkv_bias), torch.float32, torch.bfloat16),
+        ("o+residual", c.hidden, c.heads * c.head_dim, dict(accumulate=True), torch.bfloat16,
+         torch.float32),
+        ("gate/up+norm+swiglu", c.intermediate, c.hidden, dict(norm=True, up=True),
+         torch.float32, torch.bfloat16),
+        ("down+residual", c.hidden, c.intermediate, dict(accumulate=True), torch.bfloat16,
+         torch.float32),
+        ("lm head+norm", c.vocab, c.hidden, dict(norm=True), torch.float32, torch.float32),
+    ]
+    rows = []
+    for name, n, k, flags, x_dtype, out_dtype in shapes:
+        mats = 2 if flags.get("up") else 1
+        nbytes = n * k * 2 * mats
+        copies = copies_for(nbytes)
+        ws = [[draw(n, k) for _ in range(mats)] for _ in range(copies)]
+        x, out = draw(k, dtype=x_dtype), torch.zeros(n, dtype=out_dtype, device="cuda")
+        kw = dict(norm=draw(k) if flags.get("norm") else None, eps=1e-6,
+                  bias=draw(n) if flags.get("bias") else None,
+                  accumulate=flags.get("accumulate", False))
+
+        def mine():
+            for w in ws:
+                ops.gemv(x, w[0], out, up=w[1] if mats == 2 else None, **kw)
+
+        xb = x.to(torch.bfloat16)[None]
+
+        def cublas():  # the products alone, no fusion
+            for w in ws:
+                for m in w:
+                    torch.nn.functional.linear(xb, m)
+
+        t_mine, t_lib = _time_graph(mine) / copies, _time_graph(cublas) / copies
+        config = ops.tuner.config(ws[0][0], out, norm=kw["norm"] is not None,
+                                  up=mats == 2, bias=kw["bias"] is not None,
+                                  accumulate=kw["accumulate"])
+        rows.append(dict(kernel=f"gemv {name}", shape=f"{n}x{k}" + (" x2" if mats == 2 else ""),
+                         MB=nbytes / 1e6, us=t_mine, gbps=nbytes / t_mine / 1e3,
+                         cublas_us=t_lib, cublas_gbps=nbytes / t_lib / 1e3,
+                         config=str(config)))
+        del ws
+    return rows
+
+
+def attention_rows(c: DecoderConfig, contexts: list[int]) -> list[dict]:
+    """Each context at the engine's choice (the first row) and at other splits and blocks."""
+    rows = []
+    for ctx in contexts:
+        capacity = ctx + 1
+        nbytes = 2 * c.kv_heads * ctx * c.head_dim * 2
+        copies = copies_for(nbytes)
+        caches = [tuple(torch.randn(c.kv_heads, capacity, c.head_dim, device="cuda",
+                                    dtype=torch.bfloat16) for _ in "kv") for _ in range(copies)]
+        qkv = torch.randn(c.qkv_rows, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(c.heads * c.head_dim, device="cuda", dtype=torch.bfloat16)
+        pos = torch.tensor([ctx - 1], dtype=torch.int32, device="cuda")
+        cos = torch.randn(capacity, c.head_dim // 2, device="cuda")
+        chosen = attention_splits(c.kv_heads, "cuda")
+        variants = [(chosen, ATTENTION_BLOCK_T)] + [
+            (attention_splits(c.kv_heads, "cuda", per_sm), block_t)
+            for per_sm in (1, 2, 4, 8) for block_t in (32, 64, 128)]
+        for splits, block_t in dict.fromkeys(variants):
+            scratch = attention_scratch(c.heads, c.head_dim, splits, "cuda")
+
+            def run():
+                for k, v in caches:
+                    attention(qkv, k, v, pos, out, scale=c.head_dim ** -0.5, window=None,
+                              scratch=scratch, block_t=block_t)
+
+            t = _time_graph(run) / copies
+            rows.append(dict(kernel=f"attention ctx {ctx}" + (" (engine)" if splits == chosen
+                                                                and block_t == ATTENTION_BLOCK_T else ""),
+                             shape=f"{c.kv_heads} kv heads x {ctx}", MB=nbytes / 1e6, us=t,
+                             gbps=nbytes / t / 1e3, config=f"splits={splits} block_t={block_t}"))
+
+        def rope():
+            for k, v in caches:
+                rope_kv(qkv, k, v, cos, cos, pos, c.heads, c.kv_heads)
+
+        if ctx == contexts[0]:
+            t = _time_graph(rope) / copies
+            rows.append(dict(kernel="rope + kv write", shape=f"{c.heads}+{c.kv_heads} heads",
+                             MB=0, us=t, gbps=0, config=""))
+        del caches
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="qwen2.5-7b")
+    parser.add_argument("--ctx", default="2048,16384")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    c = DecoderConfig.from_hf(resolve_model(args.model).config)
+    ops = TritonOps("cuda")
+    rows = gemv_rows(c, ops) + attention_rows(c, [int(x) for x in args.ctx.split(",")])
+    print(f"{args.model} on {torch.cuda.get_device_name()}")
+    print(f"{'kernel':34} {'shape':24} {'MB':>8} {'us':>8} {'GB/s':>7} {'cuBLAS GB/s':>11}  config")
+    for r in rows:
+        lib = f"{r['cublas_gbps']:11.0f}" if "cublas_gbps" in r else " " * 11
+        print(f"{r['kernel']:34} {r['shape']:24} {r['MB']:8.1f} {r['us']:8.2f} {r['gbps']:7.0f} "
+              f"{lib}  {r['config']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "gpu": torch.cuda.get_device_name(), "rows": rows},
+                      f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# floorline's engine on the lent H200 (issue 6), beside the best stock path, into one results
+# database. Resumable: cells already valid under the same environment are skipped.
+#   bash bench/h200_engine.sh check     engine vs transformers (bf16 7B/8B logits, fp32 greedy)
+#   bash bench/h200_engine.sh kernels   each kernel's GB/s at the Qwen2.5-7B and Llama-3.1-8B shapes
+#   bash bench/h200_engine.sh sweep     engine, hf-static+graphs, hf-static+compile+graphs cells
+#   bash bench/h200_engine.sh nopdl     engine cells without programmatic dependent launch (A/B)
+#   bash bench/h200_engine.sh probe     the card's measured read bandwidth, for "of measured"
+#   bash bench/h200_engine.sh explain   where the engine's step time goes, kernel by kernel
+# Files for the results folder go to $OUT (the device tool's) or bench/results/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DB=${DB:-bench/results/h200_engine.db}
+DEST=${OUT:-bench/results}
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export FLOORLINE_CACHE=${FLOORLINE_CACHE:-/tmp/floorline-cache}
+fl() { python3 -m floorline "$@"; }
+MODELS=${MODELS:-qwen2.5-7b,llama-3.1-8b} CTX=${CTX:-2048,16384}
+
+case ${1:?stage} in
+  check) python3 bench/engine_check.py --json "$DEST/h200_engine_check.json" ${2:+--models $2} ;;
+  kernels)
+    for m in ${MODELS//,/ }; do
+      python3 bench/engine_kernels.py --model "$m" --ctx "$CTX" --json "$DEST/h200_engine_kernels_$m.json"
+    done
+    cp "$FLOORLINE_CACHE/engine-gemv.json" "$DEST/engine-gemv.json" ;;
+  sweep) fl sweep --db "$DB" --models "$MODELS" --ctx "$CTX" --paths "${PATHS:-engine,hf-static+graphs,hf-static+compile+graphs}" ;;
+  nopdl) FLOORLINE_PDL=0 fl sweep --db "${DB%.db}_nopdl.db" --models "$MODELS" --ctx "$CTX" --paths engine ;;
+  probe) fl probe --db "$DB" ;;
+  explain)
+    for m in ${MODELS//,/ }; do for c in ${CTX//,/ }; do
+      fl explain --db "$DB" --model "$m" --ctx "$c" --path engine --json > "$DEST/h200_explain_engine_${m}_$c.json"
+    done; done ;;
+  *) echo "unknown stage $1" >&2; exit 2 ;;
+esac
+python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" "$DB" 2>/dev/null || true

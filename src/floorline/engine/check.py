@@ -1,0 +1,122 @@
+"""The engine against transformers' own implementation of the same config and weights.
+
+Both decode the same tokens (transformers' greedy choices, fed to the engine too), so logits can
+be compared at every step even where bf16 near-ties would make free-running sequences part. In
+float32, the engine's argmax agreeing with transformers' at every step is the same as the two
+greedy sequences being equal. In bf16 the band is transformers' own: both are compared with a
+float32 copy of transformers' model, and the engine's error should not exceed transformers'
+bf16 error by much.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+
+from floorline.engine.model import DecoderConfig
+from floorline.engine.runtime import Engine
+from floorline.engine.weights import from_named
+
+
+@dataclass
+class Comparison:
+    model: str
+    dtype: str
+    backend: str
+    graph: bool
+    steps: int
+    # Relative L2 error of the logits, engine vs transformers in the same dtype, per position
+    # (prefill's last position first).
+    errors: list[float] = field(default_factory=list)
+    argmax_agree: int = 0  # positions where both pick the same token
+    # bf16 only: each against transformers in float32.
+    engine_vs_fp32: list[float] = field(default_factory=list)
+    hf_vs_fp32: list[float] = field(default_factory=list)
+
+    @property
+    def positions(self) -> int:
+        return len(self.errors)
+
+    def summary(self) -> dict:
+        out = {"model": self.model, "dtype": self.dtype, "backend": self.backend,
+               "graph": self.graph, "positions": self.positions,
+               "max_rel_err": max(self.errors), "median_rel_err": _median(self.errors),
+               "argmax_agree": self.argmax_agree}
+        if self.engine_vs_fp32:
+            out["engine_vs_fp32_median"] = _median(self.engine_vs_fp32)
+            out["hf_vs_fp32_median"] = _median(self.hf_vs_fp32)
+        return out
+
+
+def _median(xs):
+    return sorted(xs)[len(xs) // 2]
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().flatten(), b.double().flatten()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def perturb_(model, seed: int) -> None:
+    """Norm weights and biases away from transformers' ones and zeros, so that a kernel that
+    ignored or misindexed them would show."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight") or name.endswith(".bias"):
+            noise = torch.randn(p.shape, generator=generator).to(p.device, p.dtype)
+            p.add_(0.1 * noise)
+
+
+def compare_with_transformers(spec, device: str, dtype: torch.dtype, *, prompt_len: int = 16,
+                              steps: int = 64, seed: int = 0, backend: str | None = None,
+                              graph: bool | None = None) -> Comparison:
+    from transformers import DynamicCache
+
+    from floorline.models import build_model
+
+    device = str(device)
+    graph = device.startswith("cuda") if graph is None else graph
+    hf = build_model(spec.without_weights(), device, dtype, seed)
+    perturb_(hf, seed)
+    reference = copy.deepcopy(hf).float() if dtype != torch.float32 else None
+    params = dict(hf.named_parameters())
+    weights = from_named(DecoderConfig.from_hf(spec.config), params.__getitem__, device, dtype)
+    engine = Engine(spec, device, prompt_len + steps + 1, dtype=dtype, backend=backend,
+                    weights=weights)
+    result = Comparison(spec.name, str(dtype).removeprefix("torch."), engine.ops.name, graph,
+                        steps)
+    prompt = torch.randint(engine.config.vocab, (1, prompt_len),
+                           generator=torch.Generator().manual_seed(seed)).to(device)
+    caches = {id(m): DynamicCache(config=m.config) for m in (hf, reference) if m is not None}
+
+    def hf_logits(model, tokens, start):
+        positions = torch.arange(start, start + tokens.shape[1], device=device)
+        out = model(input_ids=tokens, past_key_values=caches[id(model)], use_cache=True,
+                    cache_position=positions, position_ids=positions[None])
+        return out.logits[0, -1].float()
+
+    with torch.no_grad():
+        mine = engine.prefill(prompt[0])
+        if graph:
+            engine.capture()
+        tokens, start = prompt, 0
+        for _ in range(steps + 1):
+            theirs = hf_logits(hf, tokens, start)
+            result.errors.append(relative_error(mine, theirs))
+            result.argmax_agree += int(mine.argmax() == theirs.argmax())
+            if reference is not None:
+                truth = hf_logits(reference, tokens, start)
+                result.engine_vs_fp32.append(relative_error(mine, truth))
+                result.hf_vs_fp32.append(relative_error(theirs, truth))
+            if len(result.errors) == steps + 1:
+                break
+            start += tokens.shape[1]
+            tokens = theirs.argmax().view(1, 1)
+            engine.token.copy_(tokens.view(1))  # both continue from transformers' choice
+            engine.step()
+            mine = engine.logits.clone()
+    engine.close()
+    return result
+

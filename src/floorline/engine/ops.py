@@ -1,0 +1,41 @@
+"""The step's operations, as Triton kernels or as their PyTorch references (same buffers)."""
+
+from __future__ import annotations
+
+from floorline.engine.kernels.attention import attention_reference
+from floorline.engine.kernels.gemv import gemv_reference
+from floorline.engine.kernels.rope import rope_kv_reference
+
+
+class ReferenceOps:
+    """Plain PyTorch: the CPU path, and what every kernel is tested against."""
+
+    name = "reference"
+    gemv = staticmethod(gemv_reference)
+    rope_kv = staticmethod(rope_kv_reference)
+    attention = staticmethod(attention_reference)
+
+    @staticmethod
+    def attention_scratch(n_heads, head_dim, splits, device):
+        return None
+
+
+class TritonOps:
+    """floorline's kernels; GEMV launch configurations from the per-GPU tuning table."""
+
+    name = "triton"
+
+    def __init__(self, device):
+        from floorline.engine.kernels import attention, gemv, rope
+        from floorline.engine.tuning import GemvTuner
+
+        self.tuner = GemvTuner(device)
+        self._gemv, self.rope_kv = gemv.gemv, rope.rope_kv
+        self.attention, self.attention_scratch = attention.attention, attention.attention_scratch
+
+    def gemv(self, x, w, out, *, norm=None, eps: float = 0.0, up=None, bias=None,
+             accumulate: bool = False) -> None:
+        config = self.tuner.config(w, out, norm=norm is not None, up=up is not None,
+                                   bias=bias is not None, accumulate=accumulate)
+        self._gemv(x, w, out, config=config, norm=norm, eps=eps, up=up, bias=bias,
+                   accumulate=accumulate)

@@ -1,0 +1,32 @@
+"""Choosing the next token on the device, inside the captured step: greedy, or temperature
+with nucleus (top-p) sampling."""
+
+from __future__ import annotations
+
+import torch
+
+
+class Sampler:
+    def __init__(self, temperature: float = 0.0, top_p: float = 1.0):
+        if temperature < 0 or not 0 < top_p <= 1:
+            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+        self.temperature, self.top_p = temperature, top_p
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def __call__(self, logits: torch.Tensor, token: torch.Tensor) -> None:
+        """logits [vocab] fp32 -> token [1] int64, in place."""
+        if self.greedy:
+            torch.argmax(logits, dim=0, keepdim=True, out=token)
+            return
+        probs = torch.softmax(logits / self.temperature, dim=0)
+        probs, order = torch.sort(probs, descending=True)
+        # The smallest prefix whose mass reaches top_p (the first token always stays).
+        probs = probs * ((probs.cumsum(0) - probs) < self.top_p)
+        # Exponential race: argmax p_i / E_i with E_i ~ Exp(1) picks i with probability
+        # p_i / sum p; no host round trip, and the draw comes from torch's CUDA generator,
+        # which a graph replay advances.
+        race = probs / torch.empty_like(probs).exponential_()
+        token.copy_(order.index_select(0, race.argmax(0, keepdim=True)))

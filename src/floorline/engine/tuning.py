@@ -1,0 +1,128 @@
+"""The GEMV kernel's launch configuration, tuned once per GPU and shape and kept on disk.
+
+A configuration is timed the way the step runs it: launches replayed from a CUDA graph, each on
+another copy of the weights so that the copies together overflow L2 four times (a step reads
+every weight once; a timing loop over one matrix would measure L2). The table is
+FLOORLINE_CACHE/engine-gemv.json, over the shipped tables in engine/tuned/ (a run on a GPU
+measured by this project).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import triton
+
+from floorline.engine.kernels.gemv import GemvConfig, gemv
+from floorline.localcache import cache_dir
+
+SHIPPED = Path(__file__).parent / "tuned"
+
+# (block_n, block_k, warps); the splits apply where the product accumulates into the residual;
+# the middle shapes are also tried with shallower and deeper software pipelines.
+SHAPES = [(1, 2048, 4), (2, 1024, 4), (2, 2048, 8), (4, 512, 4), (4, 1024, 4), (4, 1024, 8),
+          (8, 256, 4), (8, 512, 4), (8, 512, 8), (16, 256, 4), (16, 512, 8)]
+SPLITS = [(4, 512, 4, 2), (8, 256, 4, 2), (4, 512, 4, 4), (8, 256, 4, 4), (2, 1024, 4, 4)]
+
+
+def candidates(n: int, k: int, accumulate: bool) -> list[GemvConfig]:
+    """The table above, blocks no wider than K (rounded up to a power of two)."""
+    widest = max(16, triton.next_power_of_2(k))
+    configs = [GemvConfig(bn, min(bk, widest), w) for bn, bk, w in SHAPES]
+    configs += [GemvConfig(bn, bk, w, s) for bn, bk, w, s in SPLITS]
+    configs += [GemvConfig(bn, min(bk, widest), w, 1, stages)
+                for bn, bk, w in SHAPES[3:6] for stages in (2, 4)]
+    return list(dict.fromkeys(c for c in configs if c.fits(n, k, accumulate)))
+
+
+def interpreter_config(n: int, k: int) -> GemvConfig:
+    """Few, large programs: the interpreter's cost is per program, not per byte."""
+    return GemvConfig(16, min(256, max(16, 1 << math.ceil(math.log2(k)))))
+
+
+class GemvTuner:
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.gpu = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
+        self.file = cache_dir() / "engine-gemv.json"
+        self.table = {}
+        for source in sorted(SHIPPED.glob("*.json")) + [self.file]:
+            if source.is_file():
+                self.table.update(json.loads(source.read_text()))
+        self.tuned: list[str] = []  # keys tuned by this process, for the bench's record
+
+    def key(self, w, out, **flags) -> str:
+        on = ",".join(name for name, value in sorted(flags.items()) if value)
+        return f"{self.gpu}|{w.shape[0]}x{w.shape[1]}|{w.dtype}->{out.dtype}|{on}"
+
+    def config(self, w, out, *, norm: bool, up: bool, bias: bool,
+               accumulate: bool) -> GemvConfig:
+        if not self.cuda:
+            return interpreter_config(*w.shape)
+        key = self.key(w, out, norm=norm, up=up, bias=bias, accumulate=accumulate)
+        if key not in self.table:
+            best, us = self.tune(w, out, norm=norm, up=up, bias=bias, accumulate=accumulate)
+            weight_bytes = w.numel() * w.element_size() * (2 if up else 1)
+            self.table[key] = {**asdict(best), "us": round(us, 2),
+                               "gbps": round(weight_bytes / us / 1e3, 1)}
+            self.tuned.append(key)
+            self._save(key)
+        entry = {f: v for f, v in self.table[key].items() if f not in ("us", "gbps")}
+        return GemvConfig(**entry)
+
+    def _save(self, key: str) -> None:
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        mine = json.loads(self.file.read_text()) if self.file.is_file() else {}
+        mine[key] = self.table[key]
+        tmp = self.file.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(mine, indent=1, sort_keys=True))
+        tmp.replace(self.file)
+
+    def tune(self, w, out, *, norm, up, bias, accumulate) -> tuple[GemvConfig, float]:
+        """The fastest candidate for this shape and its microseconds per product."""
+        n, k = w.shape
+        per_copy = w.numel() * w.element_size() * (2 if up else 1)
+        l2 = torch.cuda.get_device_properties(self.device).L2_cache_size
+        copies = max(1, math.ceil(4 * l2 / per_copy))
+
+        def draw(*shape, dtype=w.dtype):
+            return torch.empty(shape, dtype=dtype, device=self.device).normal_(0, 0.02)
+
+        mats = [(draw(n, k), draw(n, k) if up else None) for _ in range(copies)]
+        x = draw(k, dtype=torch.float32) if norm else draw(k)  # the residual stream is fp32
+        extras = dict(norm=draw(k) if norm else None, eps=1e-6, bias=draw(n) if bias else None,
+                      accumulate=accumulate)
+        y = torch.zeros(n, dtype=out.dtype, device=self.device)
+        results = []
+        for config in candidates(n, k, accumulate):
+            def run():
+                for m, u in mats:
+                    gemv(x, m, y, config=config, up=u, **extras)
+            results.append((_time_graph(run) / copies, config))
+        us, best = min(results, key=lambda r: r[0])
+        return best, us
+
+
+def _time_graph(fn, replays: int = 10) -> float:
+    """Median microseconds of one replay of `fn` captured in a CUDA graph."""
+    fn()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[len(times) // 2]

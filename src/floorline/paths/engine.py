@@ -1,0 +1,62 @@
+"""`engine`: floorline's own runtime (floorline.engine) under the measurement contract."""
+
+from __future__ import annotations
+
+from floorline.paths.base import Path, PathUnavailable, Session
+
+
+class EngineSession(Session):
+    not_static = ("the engine captures its own step in one CUDA graph, and its kernels are "
+                  "Triton's, not torch.compile's")
+
+    def __init__(self, engine, device: str, seed: int):
+        self.engine, self.device, self.seed = engine, device, seed
+
+    def prefill(self, ctx: int) -> None:
+        import torch
+
+        tokens = torch.randint(self.engine.config.vocab, (ctx,),
+                               generator=torch.Generator().manual_seed(self.seed))
+        self.engine.prefill(tokens)
+        if self.device.startswith("cuda"):
+            self.engine.capture()
+
+    def step(self) -> None:
+        self.engine.step()
+
+    def close(self) -> None:
+        import torch
+
+        self.engine.close()
+        self.engine = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+class EnginePath(Path):
+    name = "engine"
+
+    def unavailable(self, device: str) -> str | None:
+        if device.startswith("cuda"):
+            try:
+                import triton  # noqa: F401
+            except ImportError:
+                return "the engine's kernels need Triton on a CUDA device (pip install triton)"
+        return None
+
+    def versions(self) -> dict:
+        try:
+            import triton
+        except ImportError:
+            return {}
+        return {"triton": triton.__version__}
+
+    def open(self, model, device: str, capacity: int, seed: int) -> Session:
+        from floorline.engine import Engine
+        from floorline.engine.model import EngineUnsupported
+
+        try:
+            engine = Engine(model, device, capacity, seed=seed)
+        except EngineUnsupported as e:
+            raise PathUnavailable(str(e)) from None
+        return EngineSession(engine, device, seed)
