@@ -1,6 +1,7 @@
 """Micro-benchmarks of the engine's kernels at a model's shapes, on a CUDA GPU: achieved GB/s
 of each GEMV (tuned Triton launch vs cuBLAS through F.linear, same rotation past L2, both
-replayed from a CUDA graph), of decode attention at each context, and of rope + KV write.
+replayed from a CUDA graph), and of decode attention (with rope and the KV write) at each
+context.
 
     python bench/engine_kernels.py --model qwen2.5-7b --ctx 2048,16384 [--json out.json]
 """
@@ -13,8 +14,7 @@ import math
 
 import torch
 
-from floorline.engine.kernels.attention import attention, attention_scratch
-from floorline.engine.kernels.rope import rope_kv
+from floorline.engine.kernels.attention import attention_scratch, decode_attention
 from floorline.engine.model import ATTENTION_BLOCK_T, DecoderConfig, attention_splits
 from floorline.engine.ops import TritonOps
 from floorline.engine.tuning import _time_graph
@@ -70,12 +70,12 @@ def gemv_rows(c: DecoderConfig, ops: TritonOps) -> list[dict]:
                          MB=nbytes / 1e6, us=t_mine, gbps=nbytes / t_mine / 1e3,
                          cublas_us=t_lib, cublas_gbps=nbytes / t_lib / 1e3,
                          config=str(config)))
-        del ws
     return rows
 
 
 def attention_rows(c: DecoderConfig, contexts: list[int]) -> list[dict]:
-    """Each context at the engine's choice (the first row) and at other splits and blocks."""
+    """Each context at the engine's choice (the first row) and at other splits and blocks; the
+    kernel also rotates q and k and writes the new token's k and v."""
     rows = []
     for ctx in contexts:
         capacity = ctx + 1
@@ -96,24 +96,14 @@ def attention_rows(c: DecoderConfig, contexts: list[int]) -> list[dict]:
 
             def run():
                 for k, v in caches:
-                    attention(qkv, k, v, pos, out, scale=c.head_dim ** -0.5, window=None,
-                              scratch=scratch, block_t=block_t)
+                    decode_attention(qkv, k, v, cos, cos, pos, out, scale=c.head_dim ** -0.5,
+                                     window=None, scratch=scratch, block_t=block_t)
 
             t = _time_graph(run) / copies
-            rows.append(dict(kernel=f"attention ctx {ctx}" + (" (engine)" if splits == chosen
-                                                                and block_t == ATTENTION_BLOCK_T else ""),
+            engine = splits == chosen and block_t == ATTENTION_BLOCK_T
+            rows.append(dict(kernel=f"attention+rope ctx {ctx}" + (" (engine)" if engine else ""),
                              shape=f"{c.kv_heads} kv heads x {ctx}", MB=nbytes / 1e6, us=t,
                              gbps=nbytes / t / 1e3, config=f"splits={splits} block_t={block_t}"))
-
-        def rope():
-            for k, v in caches:
-                rope_kv(qkv, k, v, cos, cos, pos, c.heads, c.kv_heads)
-
-        if ctx == contexts[0]:
-            t = _time_graph(rope) / copies
-            rows.append(dict(kernel="rope + kv write", shape=f"{c.heads}+{c.kv_heads} heads",
-                             MB=0, us=t, gbps=0, config=""))
-        del caches
     return rows
 
 

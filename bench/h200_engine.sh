@@ -7,6 +7,7 @@
 #   bash bench/h200_engine.sh nopdl     engine cells without programmatic dependent launch (A/B)
 #   bash bench/h200_engine.sh probe     the card's measured read bandwidth, for "of measured"
 #   bash bench/h200_engine.sh explain   where the engine's step time goes, kernel by kernel
+#   bash bench/h200_engine.sh all       all of the above, then torchao-int4+compile+graphs (issue 4)
 # Files for the results folder go to $OUT (the device tool's) or bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,24 @@ case ${1:?stage} in
     for m in ${MODELS//,/ }; do for c in ${CTX//,/ }; do
       fl explain --db "$DB" --model "$m" --ctx "$c" --path engine --json > "$DEST/h200_explain_engine_${m}_$c.json"
     done; done ;;
+  all)  # the whole bench in one run, most important first (a device call is 10 minutes at most:
+        # start it with setsid and collect with `snapshot` from later calls)
+    export DEST
+    MODELS=qwen2.5-7b PATHS=engine,hf-static+graphs,hf-static+compile+graphs bash "$0" sweep || echo "stage failed"
+    MODELS=llama-3.1-8b PATHS=engine,hf-static+graphs bash "$0" sweep || echo "stage failed"
+    bash "$0" check llama-3.2-1b,qwen2.5-7b,llama-3.1-8b || echo "stage failed"
+    MODELS=qwen2.5-7b bash "$0" kernels || echo "stage failed"
+    bash "$0" probe || echo "stage failed"
+    MODELS=qwen2.5-7b CTX=2048 bash "$0" explain || echo "stage failed"
+    MODELS=llama-3.1-8b PATHS=hf-static+compile+graphs bash "$0" sweep || echo "stage failed"
+    MODELS=llama-3.1-8b bash "$0" kernels || echo "stage failed"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/torchao-*.whl
+    PYTHONPATH=$PYTHONPATH:/tmp/site MODELS=qwen2.5-7b PATHS=torchao-int4+compile+graphs bash "$0" sweep || echo "stage failed"
+    echo "bench done" ;;
+  snapshot)  # the databases with their write-ahead logs (a reader recovers them), and what the
+             # stages wrote, into $2, while the run may still be writing
+    for f in bench/results/h200_engine*.db; do cp "$f" "$f"-wal "$2"/ 2>/dev/null || true; done
+    cp "$DEST"/*.json "$2"/ 2>/dev/null || true; exit ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;
 esac
 python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" "$DB" 2>/dev/null || true

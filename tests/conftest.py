@@ -5,6 +5,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without a GPU the engine's Triton kernels run in Triton's interpreter; it is read when a
+# kernel is defined, so it is set before any test module imports one.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 CONFIGS = Path(__file__).parents[1] / "src" / "floorline" / "models" / "configs"
 

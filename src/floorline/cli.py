@@ -492,6 +492,36 @@ def show(
         out.print(cells_table(rows, str(db), store.probes()))
 
 
+@app.command("generate")
+def generate_cmd(
+    model: Annotated[str, typer.Option(help="Checkpoint directory: config.json, *.safetensors and a tokenizer.")],
+    prompt: Annotated[str, typer.Option(help="The prompt: one user message when the tokenizer has a chat template.")],
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Stop after this many new tokens, if no EOS came.")] = 128,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling: the smallest set of tokens with this much probability, in (0, 1].")] = 1.0,
+    seed: int = 0,
+    device: DEVICE_OPTION = None,
+    dtype: Annotated[str, typer.Option(help="bfloat16 or float32.")] = "bfloat16",
+    no_chat: Annotated[bool, typer.Option("--no-chat", help="Encode the prompt as it is, without the chat template.")] = False,
+    gpu: GPU_OPTION = None,
+) -> None:
+    """Generate text with floorline's engine, streamed to stdout; speed against the floor on stderr."""
+    from floorline.engine.generate import generate
+
+    device = check_device(device or default_device())
+    gpu_spec = resolve_gpu(gpu, device)
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    result = generate(model, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                      top_p=top_p, seed=seed, device=device, dtype=dtype, chat=not no_chat,
+                      on_text=write)
+    write("\n")
+    err.print(result.summary(gpu_spec), highlight=False, markup=False, soft_wrap=True)
+
+
 def main() -> None:
     try:
         app()

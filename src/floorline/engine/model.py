@@ -6,15 +6,16 @@ single CUDA graph:
     h = embed[token]                                    fp32 residual stream
     per layer:
         qkv  = Wqkv . rmsnorm(h) + b                    norm folded into the product
-        rope(q, k); K, V cache[pos] = k, v              one kernel
-        attn = attention(q, K, V cache[:pos + 1])       split across the GPU, then combined
+        rope(q, k); K, V cache[pos] = k, v              one kernel split across the GPU,
+        attn = attention(q, K, V cache[:pos + 1])       then one combining the splits
         h   += Wo . attn                                added in the product's epilogue
         act  = silu(Wg . rmsnorm(h)) * (Wu . rmsnorm(h))   one pass over both matrices
         h   += Wd . act
     logits = Whead . rmsnorm(h); token = sample(logits); pos += 1
 
-`ops` is the kernels (floorline.engine.ops.TRITON) or their PyTorch references (REFERENCE, the
-CPU path); both take the same buffers. Prefill runs whole-sequence PyTorch on the same weights.
+`ops` is the kernels (floorline.engine.ops.TritonOps) or their PyTorch references
+(ReferenceOps, the CPU path); both take the same buffers. Prefill runs whole-sequence PyTorch
+on the same weights.
 """
 
 from __future__ import annotations
@@ -160,11 +161,9 @@ class Decoder:
         self.h.copy_(w.embed.index_select(0, self.token).view(-1))
         for i, layer in enumerate(w.layers):
             ops.gemv(self.h, layer.wqkv, self.qkv, norm=layer.ln1, eps=c.eps, bias=layer.bqkv)
-            ops.rope_kv(self.qkv, self.k_cache[i], self.v_cache[i], self.cos, self.sin,
-                        self.pos, c.heads, c.kv_heads)
-            ops.attention(self.qkv, self.k_cache[i], self.v_cache[i], self.pos, self.attn,
-                          scale=self.scale, window=c.windows[i], scratch=self.scratch,
-                          block_t=ATTENTION_BLOCK_T)
+            ops.attention(self.qkv, self.k_cache[i], self.v_cache[i], self.cos, self.sin,
+                          self.pos, self.attn, scale=self.scale, window=c.windows[i],
+                          scratch=self.scratch, block_t=ATTENTION_BLOCK_T)
             ops.gemv(self.attn, layer.wo, self.h, bias=layer.bo, accumulate=True)
             ops.gemv(self.h, layer.wgate, self.act, norm=layer.ln2, eps=c.eps, up=layer.wup)
             ops.gemv(self.act, layer.wdown, self.h, accumulate=True)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from floorline.engine.kernels.attention import attention_reference
+from floorline.engine.kernels.attention import decode_attention_reference
 from floorline.engine.kernels.gemv import gemv_reference
-from floorline.engine.kernels.rope import rope_kv_reference
 
 
 class ReferenceOps:
@@ -12,8 +11,7 @@ class ReferenceOps:
 
     name = "reference"
     gemv = staticmethod(gemv_reference)
-    rope_kv = staticmethod(rope_kv_reference)
-    attention = staticmethod(attention_reference)
+    attention = staticmethod(decode_attention_reference)
 
     @staticmethod
     def attention_scratch(n_heads, head_dim, splits, device):
@@ -26,12 +24,13 @@ class TritonOps:
     name = "triton"
 
     def __init__(self, device):
-        from floorline.engine.kernels import attention, gemv, rope
+        from floorline.engine.kernels import attention, gemv
         from floorline.engine.tuning import GemvTuner
 
         self.tuner = GemvTuner(device)
-        self._gemv, self.rope_kv = gemv.gemv, rope.rope_kv
-        self.attention, self.attention_scratch = attention.attention, attention.attention_scratch
+        self._gemv = gemv.gemv
+        self.attention = attention.decode_attention
+        self.attention_scratch = attention.attention_scratch
 
     def gemv(self, x, w, out, *, norm=None, eps: float = 0.0, up=None, bias=None,
              accumulate: bool = False) -> None:

@@ -9,8 +9,7 @@ from floorline.engine.ops import ReferenceOps, TritonOps
 from floorline.engine.sampling import Sampler
 from floorline.engine.weights import load_checkpoint, random_weights
 
-# Eager steps before capture: they compile the kernels and tune any shape not yet in the table.
-CAPTURE_WARMUP_STEPS = 2
+from floorline.errors import FloorlineError
 
 
 class Engine:
@@ -55,21 +54,28 @@ class Engine:
         return self.decoder.prefill(tokens.to(self.device).view(-1))
 
     def capture(self) -> None:
-        """Record one step in a CUDA graph. The warm-up steps run on a side stream and their
-        effect on token and position is undone, so the stream goes on from the prefill."""
+        """Record one step in a CUDA graph. One eager step first, on a side stream, compiles the
+        kernels and tunes any shape not yet in the table; its effect on token, position and the
+        CUDA generator (sampling and tuning draw from it) is undone, so the stream goes on from
+        the prefill, and the slot it wrote in the cache is the one the first replay writes."""
         d = self.decoder
+        if int(d.pos.item()) >= self.decoder.capacity:
+            raise FloorlineError(f"the cache of {self.decoder.capacity} tokens is full: no "
+                                 "room for a step")
         token, pos = d.token.clone(), d.pos.clone()
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(CAPTURE_WARMUP_STEPS):
+        with torch.cuda.device(self.device):
+            rng = torch.cuda.get_rng_state()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
                 d.step()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        d.token.copy_(token)
-        d.pos.copy_(pos)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            d.step()
+            torch.cuda.current_stream().wait_stream(side)
+            d.token.copy_(token)
+            d.pos.copy_(pos)
+            torch.cuda.set_rng_state(rng)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                d.step()
 
     def step(self) -> None:
         if self.graph is not None:

@@ -19,6 +19,7 @@ import torch
 import triton
 
 from floorline.engine.kernels.gemv import GemvConfig, gemv
+from floorline.errors import FloorlineError
 from floorline.localcache import cache_dir
 
 SHIPPED = Path(__file__).parent / "tuned"
@@ -42,7 +43,15 @@ def candidates(n: int, k: int, accumulate: bool) -> list[GemvConfig]:
 
 def interpreter_config(n: int, k: int) -> GemvConfig:
     """Few, large programs: the interpreter's cost is per program, not per byte."""
-    return GemvConfig(16, min(256, max(16, 1 << math.ceil(math.log2(k)))))
+    return GemvConfig(16, min(256, max(16, triton.next_power_of_2(k))))
+
+
+def _read_table(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, OSError) as e:
+        raise FloorlineError(f"cannot read the GEMV tuning table {path} ({e}); delete it to "
+                             "tune again") from None
 
 
 class GemvTuner:
@@ -54,8 +63,7 @@ class GemvTuner:
         self.table = {}
         for source in sorted(SHIPPED.glob("*.json")) + [self.file]:
             if source.is_file():
-                self.table.update(json.loads(source.read_text()))
-        self.tuned: list[str] = []  # keys tuned by this process, for the bench's record
+                self.table.update(_read_table(source))
 
     def key(self, w, out, **flags) -> str:
         on = ",".join(name for name, value in sorted(flags.items()) if value)
@@ -71,14 +79,13 @@ class GemvTuner:
             weight_bytes = w.numel() * w.element_size() * (2 if up else 1)
             self.table[key] = {**asdict(best), "us": round(us, 2),
                                "gbps": round(weight_bytes / us / 1e3, 1)}
-            self.tuned.append(key)
             self._save(key)
         entry = {f: v for f, v in self.table[key].items() if f not in ("us", "gbps")}
         return GemvConfig(**entry)
 
     def _save(self, key: str) -> None:
         self.file.parent.mkdir(parents=True, exist_ok=True)
-        mine = json.loads(self.file.read_text()) if self.file.is_file() else {}
+        mine = _read_table(self.file) if self.file.is_file() else {}
         mine[key] = self.table[key]
         tmp = self.file.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(mine, indent=1, sort_keys=True))
@@ -91,8 +98,11 @@ class GemvTuner:
         l2 = torch.cuda.get_device_properties(self.device).L2_cache_size
         copies = max(1, math.ceil(4 * l2 / per_copy))
 
-        def draw(*shape, dtype=w.dtype):
-            return torch.empty(shape, dtype=dtype, device=self.device).normal_(0, 0.02)
+        generator = torch.Generator(device=self.device).manual_seed(n * k)
+
+        def draw(*shape, dtype=w.dtype):  # its own generator: tuning leaves torch's alone
+            return torch.empty(shape, dtype=dtype, device=self.device).normal_(
+                0, 0.02, generator=generator)
 
         mats = [(draw(n, k), draw(n, k) if up else None) for _ in range(copies)]
         x = draw(k, dtype=torch.float32) if norm else draw(k)  # the residual stream is fp32

@@ -15,7 +15,7 @@ from floorline.store import Store
 
 STUDY_CONTEXTS = (2048, 4096, 8192, 16384)
 DEMO_CONTEXTS = (128, 512)
-DEMO_PATHS = ("hf-eager", "hf-static")
+DEMO_PATHS = ("hf-eager", "hf-static", "engine")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from floorline.engine.kernels.launch import pdl_options, prefetch_tiles
+from floorline.engine.kernels.launch import pdl_options
 
 
 @dataclass(frozen=True)
@@ -35,17 +35,10 @@ class GemvConfig:
 
 
 @triton.jit
-def _prefetch_l2(pointers):
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [pointers],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, up_ptr, bias_ptr, norm_ptr, out_ptr, N, K, eps,
                  NORM: tl.constexpr, SWIGLU: tl.constexpr, BIAS: tl.constexpr,
                  ACCUMULATE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLIT_K: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr,
-                 PREFETCH: tl.constexpr):
+                 SPLIT_K: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -55,15 +48,6 @@ def _gemv_kernel(x_ptr, w_ptr, up_ptr, bias_ptr, norm_ptr, out_ptr, N, K, eps,
     k_hi = tl.minimum(k_lo + span, K)
     row_base = rows.to(tl.int64)[:, None] * K
     if PDL:
-        if PREFETCH:
-            # The weights do not depend on the previous kernel: ask for this program's first
-            # PREFETCH tiles now, so they stream into L2 while that kernel drains.
-            LINE: tl.constexpr = 128 // w_ptr.dtype.element_ty.primitive_bitwidth * 8
-            lines = tl.arange(0, BLOCK_K // LINE) * LINE
-            for t in tl.static_range(PREFETCH):
-                _prefetch_l2(w_ptr + row_base + (k_lo + t * BLOCK_K + lines)[None, :])
-                if SWIGLU:
-                    _prefetch_l2(up_ptr + row_base + (k_lo + t * BLOCK_K + lines)[None, :])
         tl.extra.cuda.gdc_wait()
     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
@@ -131,8 +115,7 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
         NORM=norm is not None, SWIGLU=up is not None, BIAS=bias is not None,
         ACCUMULATE=accumulate, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT_K=config.split_k, EVEN=even, num_warps=config.num_warps,
-        num_stages=config.num_stages, PREFETCH=prefetch_tiles(config, k, w.element_size()) if even else 0,
-        **pdl_options(w))
+        num_stages=config.num_stages, **pdl_options(w))
 
 
 def gemv_reference(x, w, out, *, config=None, norm=None, eps: float = 0.0, up=None, bias=None,

@@ -1,0 +1,207 @@
+"""Text generation with the engine: a local checkpoint and its tokenizer, a prompt, new tokens
+streamed as they come, and the decode's speed against the memory floor."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from floorline.engine.sampling import Sampler
+from floorline.errors import FloorlineError
+
+# --dtype -> the engine's dtype and the floor's name for it (weights and KV cache alike).
+DTYPES = {"bfloat16": (torch.bfloat16, "bf16"), "float32": (torch.float32, "fp32")}
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    ids: list[int]  # the new tokens, the EOS that ended them included
+    text: str  # the new tokens decoded, special tokens left out
+    stopped_at_eos: bool
+    dtype: str
+    prefill_ms: float  # the prompt's forward pass and the first new token read back
+    decode_ms: float  # wall clock over the decode steps, each token read back included
+    device_ms: float | None  # CUDA events around each graph replay; None on the CPU
+    spec: object = field(repr=False)  # the floorline ModelSpec, for the floor
+
+    @property
+    def steps(self) -> int:
+        return len(self.ids) - 1  # the first new token comes from the prefill
+
+    @property
+    def ms_per_token(self) -> float | None:
+        return self.decode_ms / self.steps if self.steps else None
+
+    @property
+    def device_ms_per_step(self) -> float | None:
+        return self.device_ms / self.steps if self.steps and self.device_ms is not None else None
+
+    @property
+    def final_context(self) -> int:
+        """Tokens in the cache that the last step read (the floor's ctx)."""
+        return len(self.prompt_ids) + self.steps - 1
+
+    def summary(self, gpu) -> str:
+        """One line: tokens, prefill, decode speed, and the fraction of the floor on `gpu` (a
+        floorline DeviceSpec) at the final context."""
+        from floorline.traffic import floor
+
+        n = len(self.ids)
+        parts = [f"{n} new token{'s' if n > 1 else ''}"
+                 + (" (stopped at EOS)" if self.stopped_at_eos else ""),
+                 f"prefill {self.prefill_ms:.1f} ms"]
+        if self.steps:
+            parts.append(f"decode {self.ms_per_token:.3f} ms/token")
+            if self.device_ms is not None:
+                parts.append(f"device {self.device_ms_per_step:.3f} ms/step")
+            fmt = DTYPES[self.dtype][1]
+            f = floor(self.spec, gpu, self.final_context, fmt, fmt)
+            parts.append(f"{f.floor_ms / self.ms_per_token:.1%} of the floor ({f.floor_ms:.3f} ms "
+                         f"at ctx {f.ctx}, {fmt}, on {gpu.name} at {gpu.peak_gbps:g} GB/s)")
+        return ", ".join(parts)
+
+
+class TextStream:
+    """The new tokens' text as they come: the whole sequence is decoded each time and the new
+    suffix passed on, held back while it ends in U+FFFD (a character whose bytes are still
+    split across tokens)."""
+
+    def __init__(self, tokenizer, write: Callable[[str], None] | None):
+        self.tokenizer, self.write = tokenizer, write
+        self.ids: list[int] = []
+        self.sent = 0
+
+    def push(self, token: int) -> None:
+        self.ids.append(token)
+        if self.write is not None:
+            text = self.text()
+            if not text.endswith("\ufffd"):
+                self._send(text)
+
+    def finish(self) -> str:
+        text = self.text()
+        if self.write is not None:
+            self._send(text)
+        return text
+
+    def text(self) -> str:
+        return self.tokenizer.decode(self.ids, skip_special_tokens=True)
+
+    def _send(self, text: str) -> None:
+        if len(text) > self.sent:
+            self.write(text[self.sent:])
+            self.sent = len(text)
+
+
+def load_tokenizer(directory: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except Exception as e:  # transformers raises many kinds, with messages over several lines
+        first = str(e).strip().splitlines()[0].rstrip(" :") if str(e).strip() else ""
+        raise FloorlineError(f"{directory}: transformers cannot load a tokenizer from it "
+                             f"({type(e).__name__}{': ' + first if first else ''})") from None
+
+
+def encode(tokenizer, prompt: str, chat: bool) -> list[int]:
+    """The prompt as one user message in the chat template (with the assistant's turn opened)
+    where the tokenizer has one and `chat` is on; otherwise the prompt as it is."""
+    if chat and tokenizer.chat_template:
+        messages = [{"role": "user", "content": prompt}]
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                  return_dict=True)["input_ids"])
+    return list(tokenizer(prompt)["input_ids"])
+
+
+def eos_ids(directory: Path, config, tokenizer) -> set[int]:
+    """Every token that ends the reply: the model config's, the generation config's (each an
+    int or a list) and the tokenizer's."""
+    found = [getattr(config.get_text_config(), "eos_token_id", None), tokenizer.eos_token_id]
+    path = directory / "generation_config.json"
+    if path.is_file():
+        try:
+            found.append(json.loads(path.read_text()).get("eos_token_id"))
+        except json.JSONDecodeError as e:
+            raise FloorlineError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    ids = set()
+    for value in found:
+        ids.update(value if isinstance(value, list) else [] if value is None else [value])
+    return ids
+
+
+def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
+             temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, device: str = "cpu",
+             dtype: str = "bfloat16", chat: bool = True,
+             on_text: Callable[[str], None] | None = None) -> GenerationResult:
+    """Up to `max_new_tokens` new tokens from the checkpoint directory `model`, stopping at EOS;
+    `on_text` receives the decoded text piece by piece as it comes."""
+    from floorline.engine.runtime import Engine
+    from floorline.models import resolve_model
+    from floorline.models.zoo import SOURCES
+
+    if dtype not in DTYPES:
+        raise FloorlineError(f"dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
+    if max_new_tokens < 1:
+        raise FloorlineError(f"max-new-tokens must be at least 1, got {max_new_tokens}")
+    try:
+        sampler = Sampler(temperature, top_p)
+    except ValueError as e:
+        raise FloorlineError(str(e)) from None
+    spec = resolve_model(str(model))
+    if not spec.has_real_weights:
+        what = ("is a shipped config without weights" if str(model) in SOURCES
+                else "holds no .safetensors weights")
+        raise FloorlineError(f"{model} {what}: generate needs a checkpoint directory with "
+                             "config.json, *.safetensors and a tokenizer")
+    tokenizer = load_tokenizer(spec.weights_dir)
+    prompt_ids = encode(tokenizer, prompt, chat)
+    if not prompt_ids:
+        raise FloorlineError("the prompt encodes to no tokens")
+    capacity = len(prompt_ids) + max_new_tokens
+    if spec.max_context is not None and capacity > spec.max_context:
+        raise FloorlineError(f"{len(prompt_ids)} prompt tokens + {max_new_tokens} new tokens = "
+                             f"{capacity}, above the model's {spec.max_context} positions")
+    stop = eos_ids(spec.weights_dir, spec.config, tokenizer)
+    cuda = torch.device(device).type == "cuda"
+    if cuda and torch.device(device).index is not None:
+        torch.cuda.set_device(device)  # the kernels, the graph and the events use the current GPU
+    engine = Engine(spec, device, capacity, dtype=DTYPES[dtype][0], sampler=sampler)
+    stream = TextStream(tokenizer, on_text)
+
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    engine.prefill(torch.tensor(prompt_ids))
+    ids = [engine.token.item()]
+    prefill_ms = (time.perf_counter() - t0) * 1e3
+    stream.push(ids[0])
+
+    def finished() -> bool:
+        return ids[-1] in stop or len(ids) == max_new_tokens
+
+    decode_s = 0.0
+    device_ms = 0.0 if cuda else None
+    if cuda and not finished():
+        engine.capture()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    while not finished():
+        t0 = time.perf_counter()
+        if cuda:
+            start.record()
+        engine.step()
+        if cuda:
+            end.record()
+        ids.append(engine.token.item())  # waits for the step
+        decode_s += time.perf_counter() - t0
+        if cuda:
+            device_ms += start.elapsed_time(end)
+        stream.push(ids[-1])
+    engine.close()
+    return GenerationResult(prompt_ids, ids, stream.finish(), ids[-1] in stop, dtype, prefill_ms,
+                            decode_s * 1e3, device_ms, spec)

@@ -1,0 +1,188 @@
+"""floorline's engine against transformers, its path under the measurement contract, its
+sampler and its checkpoint loading."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from floorline.engine import Engine
+from floorline.engine.check import compare_with_transformers
+from floorline.engine.model import DecoderConfig, EngineUnsupported, inverse_frequencies
+from floorline.engine.sampling import Sampler
+from floorline.engine.weights import from_named, load_checkpoint
+from floorline.errors import FloorlineError
+from floorline.models import build_model, resolve_model
+from floorline.models.zoo import ModelSpec, _config_from_dict
+from tests.conftest import shipped_config
+
+
+def spec_from(data: dict, name="test-config") -> ModelSpec:
+    return ModelSpec(name, _config_from_dict(data, name))
+
+
+def llama3_scaled() -> ModelSpec:
+    """tiny-llama with Llama 3.1's rope scaling, at an original length the test crosses."""
+    data = shipped_config("tiny-llama")
+    data["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    data["rope_theta"] = 500000.0
+    return spec_from(data, "tiny-llama3-rope")
+
+
+@pytest.mark.parametrize("spec", [
+    resolve_model("tiny-llama"), resolve_model("tiny-qwen2"), llama3_scaled(),
+], ids=lambda s: s.name)
+def test_float32_greedy_tokens_equal_transformers_for_64_steps(spec):
+    result = compare_with_transformers(spec, "cpu", torch.float32, prompt_len=16, steps=64)
+    assert result.positions == 65
+    assert result.argmax_agree == 65
+    assert max(result.errors) < 1e-5
+
+
+def test_sliding_window_past_the_window():
+    # tiny-mistral-swa's window is 256 tokens: a 250-token prompt and 20 steps cross it
+    spec = resolve_model("tiny-mistral-swa")
+    assert set(DecoderConfig.from_hf(spec.config).windows) == {256}
+    result = compare_with_transformers(spec, "cpu", torch.float32, prompt_len=250, steps=20)
+    assert result.argmax_agree == result.positions == 21
+    assert max(result.errors) < 1e-5
+
+
+def test_bf16_logits_stay_in_transformers_own_band():
+    result = compare_with_transformers(resolve_model("tiny-qwen2"), "cpu", torch.bfloat16,
+                                       prompt_len=8, steps=8)
+    # against transformers in float32, the engine's bf16 error is of the order of transformers'
+    # own bf16 error (the engine keeps its residual stream in fp32)
+    engine = sorted(result.engine_vs_fp32)[len(result.engine_vs_fp32) // 2]
+    hf = sorted(result.hf_vs_fp32)[len(result.hf_vs_fp32) // 2]
+    assert 0 < engine < 2 * hf < 5e-2
+
+
+def test_the_kernels_decode_like_transformers():
+    # the Triton backend (the interpreter on the CPU): few steps, it is slow there
+    result = compare_with_transformers(resolve_model("tiny-qwen2"), "cpu", torch.float32,
+                                       prompt_len=6, steps=3, backend="triton")
+    assert result.backend == "triton"
+    assert result.argmax_agree == result.positions == 4
+    assert max(result.errors) < 1e-5
+
+
+def test_llama3_inverse_frequencies_match_transformers():
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    spec = resolve_model("llama-3.1-8b")
+    mine = inverse_frequencies(DecoderConfig.from_hf(spec.config))
+    theirs, scaling = ROPE_INIT_FUNCTIONS["llama3"](spec.config, "cpu")
+    assert scaling == 1.0
+    assert torch.allclose(mine.float(), theirs.float(), rtol=1e-6)
+    # the scaling changes the long wavelengths only: the first frequency is 1, the last / 8
+    assert mine[0] == 1.0 and math.isclose(mine[-1] * 8, 500000 ** (-126 / 128), rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model_type": "gpt2"}, "not 'gpt2'"),
+    ({"hidden_act": "gelu"}, "SwiGLU"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn'"),
+    ({"head_dim": 24}, "head_dim 24"),
+])
+def test_unsupported_architectures_are_one_line(change, message):
+    data = {**shipped_config("tiny-llama"), **change}
+    if change.get("model_type") == "gpt2":
+        data = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100}
+    with pytest.raises(EngineUnsupported, match=message):
+        DecoderConfig.from_hf(spec_from(data).config)
+
+
+def test_the_engine_path_runs_the_contract_and_refuses_options(cli, tmp_path):
+    db = tmp_path / "e.db"
+    proc = cli("sweep", "--db", db, "--models", "tiny-llama,tiny-qwen2", "--ctx", "16",
+               "--paths", "engine,engine+graphs,engine+compile", "--steps", "4", "--warmup", "1",
+               "--device", "cpu", check=True)
+    assert "Traceback" not in proc.stderr
+    rows = {(r["model"], r["path"]): r for r in json.loads(cli("show", "--db", db, "--json",
+                                                               check=True).stdout)}
+    for model in ("tiny-llama", "tiny-qwen2"):
+        assert rows[model, "engine"]["status"] == "valid"
+        assert len(rows[model, "engine"]["samples_ms"]) == 4
+        for option, why in (("engine+graphs", "+graphs needs a CUDA device"),
+                            ("engine+compile", "captures its own step")):
+            assert rows[model, option]["status"] == "invalid"
+            assert why in rows[model, option]["reason"]
+
+
+def test_an_unsupported_model_is_an_invalid_engine_cell(cli, tmp_path):
+    db = tmp_path / "e.db"
+    model = tmp_path / "gelu"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**shipped_config("tiny-llama"),
+                                                    "hidden_act": "gelu"}))
+    cli("sweep", "--db", db, "--models", model, "--ctx", "8", "--paths", "engine", "--steps", "2",
+        "--device", "cpu", check=True)
+    (row,) = json.loads(cli("show", "--db", db, "--json", check=True).stdout)
+    assert row["status"] == "invalid" and "SwiGLU" in row["reason"]
+
+
+def test_greedy_and_nucleus_sampling():
+    logits = torch.tensor([1.0, 3.0, 2.5, -1.0])
+    token = torch.zeros(1, dtype=torch.long)
+    Sampler()(logits, token)
+    assert token.item() == 1
+    # top_p below the top token's probability: always that token
+    torch.manual_seed(0)
+    narrow = Sampler(temperature=1.0, top_p=0.3)
+    assert {(narrow(logits, token), token.item())[1] for _ in range(50)} == {1}
+    # full nucleus at temperature 1: frequencies follow the softmax
+    wide, draws = Sampler(temperature=1.0, top_p=1.0), 4000
+    counts = torch.zeros(4)
+    for _ in range(draws):
+        wide(logits, token)
+        counts[token.item()] += 1
+    expected = torch.softmax(logits, 0) * draws
+    assert ((counts - expected).abs() < 5 * expected.sqrt() + 5).all()
+    # top_p = 0.8 keeps tokens 1 and 2 (0.50 + 0.30 of the mass): never 0 or 3
+    torch.manual_seed(1)
+    top = Sampler(temperature=1.0, top_p=0.8)
+    seen = set()
+    for _ in range(300):
+        top(logits, token)
+        seen.add(token.item())
+    assert seen == {1, 2}
+    with pytest.raises(ValueError):
+        Sampler(temperature=-1.0)
+
+
+def test_a_checkpoint_loads_as_the_model_holds_it(tmp_path):
+    spec = resolve_model("tiny-qwen2")
+    model = build_model(spec, "cpu", torch.float32, seed=3)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    config = DecoderConfig.from_hf(spec.config)
+    loaded = load_checkpoint(tmp_path, config, "cpu", torch.float32)
+    params = dict(model.named_parameters())
+    direct = from_named(config, params.__getitem__, "cpu", torch.float32)
+    assert torch.equal(loaded.layers[1].wqkv, direct.layers[1].wqkv)
+    assert torch.equal(loaded.layers[0].bqkv, direct.layers[0].bqkv)
+    assert loaded.head is loaded.embed  # tied
+    # a shard missing a tensor is one clear line
+    from safetensors.torch import load_file, save_file
+
+    (shard,) = tmp_path.glob("*.safetensors")
+    tensors = load_file(shard)
+    del tensors["model.norm.weight"]
+    save_file(tensors, shard, metadata={"format": "pt"})
+    with pytest.raises(FloorlineError, match="no tensor 'model.norm.weight'"):
+        load_checkpoint(tmp_path, config, "cpu", torch.float32)
+
+
+def test_the_cache_is_allocated_once_for_the_capacity():
+    engine = Engine(resolve_model("tiny-llama"), "cpu", 40, dtype=torch.float32)
+    cache = engine.decoder.k_cache
+    engine.prefill(torch.arange(10))
+    assert engine.position.item() == 10
+    for _ in range(5):
+        engine.step()
+    assert engine.decoder.k_cache is cache and cache.shape[2] == 40
+    assert engine.position.item() == 15
+    with pytest.raises(FloorlineError, match="prefill of 40 tokens"):
+        engine.prefill(torch.arange(40))

@@ -1,0 +1,121 @@
+"""The engine's Triton kernels against their PyTorch references on random inputs.
+
+Without a GPU the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET=1), on
+tiny shapes. Outputs are poisoned with NaN first, so an element the kernel never writes fails.
+"""
+
+import pytest
+import torch
+
+from floorline.engine.kernels.attention import (
+    attention_scratch, decode_attention, decode_attention_reference,
+)
+from floorline.engine.kernels.gemv import GemvConfig, gemv, gemv_reference
+from floorline.engine.tuning import candidates, interpreter_config
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# fp32 arithmetic lands far under 1e-5; a bf16 output differs by its own rounding (~4e-3).
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def relative_error(a, b) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def poisoned(n, dtype):
+    return torch.full((n,), float("nan"), dtype=dtype, device=DEVICE)
+
+
+def draw(*shape, dtype=torch.float32, generator):
+    return torch.randn(shape, generator=generator).to(DEVICE, dtype)
+
+
+CONFIGS = [GemvConfig(4, 32), GemvConfig(16, 16), GemvConfig(1, 64, num_warps=1)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, k", [(48, 96), (50, 100), (7, 33)])  # even, ragged, tiny
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_gemv_fusions_match_the_reference(dtype, n, k, config):
+    g = torch.Generator().manual_seed(n * k)
+    x = draw(k, generator=g)
+    w, up = draw(n, k, dtype=dtype, generator=g), draw(n, k, dtype=dtype, generator=g)
+    norm, bias = draw(k, dtype=dtype, generator=g), draw(n, dtype=dtype, generator=g)
+    cases = [dict(), dict(norm=norm, eps=1e-6), dict(norm=norm, eps=1e-6, bias=bias),
+             dict(norm=norm, eps=1e-6, up=up)]
+    for kwargs in cases:
+        mine, ref = poisoned(n, dtype), poisoned(n, dtype)
+        gemv(x, w, mine, config=config, **kwargs)
+        gemv_reference(x, w, ref, **kwargs)
+        assert relative_error(mine, ref) < TOLERANCE[dtype], kwargs.keys()
+
+
+@pytest.mark.parametrize("split_k", [1, 2, 3])
+def test_gemv_accumulates_into_the_residual_with_k_splits(split_k):
+    g = torch.Generator().manual_seed(split_k)
+    n, k = 40, 112  # 112 = 7 blocks of 16: a split of 3 leaves a ragged last split
+    x, w, b = draw(k, generator=g), draw(n, k, generator=g), draw(n, generator=g)
+    h = draw(n, generator=g)
+    expected = h + w @ x + b
+    gemv(x, w, h, config=GemvConfig(8, 16, split_k=split_k), bias=b, accumulate=True)
+    assert relative_error(h, expected) < 1e-5
+
+
+def test_gemv_refuses_what_it_cannot_compute():
+    x, w = torch.randn(64, device=DEVICE), torch.randn(8, 64, device=DEVICE)
+    out = torch.empty(8, device=DEVICE)
+    with pytest.raises(ValueError, match="needs accumulate"):
+        gemv(x, w, out, config=GemvConfig(4, 16, split_k=2))
+    with pytest.raises(ValueError, match="whole of x"):
+        gemv(x, w, out, config=GemvConfig(4, 16, split_k=2), norm=torch.ones(64),
+             accumulate=True)
+    with pytest.raises(ValueError, match="fp32 residual"):
+        gemv(x.bfloat16(), w.bfloat16(), out.bfloat16(), config=GemvConfig(4, 16),
+             accumulate=True)
+
+
+def test_tuning_candidates_fit_their_shape():
+    for n, k in [(4608, 3584), (3584, 18944), (64, 96)]:
+        for accumulate in (False, True):
+            found = candidates(n, k, accumulate)
+            assert found and len(set(found)) == len(found)
+            assert all(c.block_k <= max(16, 1 << (k - 1).bit_length()) for c in found)
+            assert all(c.split_k == 1 for c in found) or accumulate
+    assert interpreter_config(1000, 96).block_k == 128
+
+
+def attention_case(dtype, pos, window, splits, seed):
+    g = torch.Generator().manual_seed(seed)
+    heads, kv_heads, d, capacity = 6, 2, 16, 40
+    qkv = draw((heads + 2 * kv_heads) * d, dtype=dtype, generator=g)
+    caches = [draw(kv_heads, capacity, d, dtype=dtype, generator=g) for _ in "kv"]
+    angles = draw(capacity, d // 2, generator=g)
+    tables = (angles.cos(), angles.sin())
+    position = torch.tensor([pos], dtype=torch.int32, device=DEVICE)
+    results = []
+    for kernel, scratch in ((decode_attention, attention_scratch(heads, d, splits, DEVICE)),
+                            (decode_attention_reference, None)):
+        k, v = (c.clone() for c in caches)
+        out = poisoned(heads * d, dtype)
+        kernel(qkv.clone(), k, v, *tables, position, out, scale=d ** -0.5, window=window,
+               scratch=scratch, block_t=16)
+        results.append((out, k, v))
+    return results
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("pos", [0, 5, 17, 39])  # first token, short, several blocks, full cache
+@pytest.mark.parametrize("window", [None, 6])
+def test_decode_attention_matches_the_reference(dtype, pos, window):
+    (out, k, v), (ref_out, ref_k, ref_v) = attention_case(dtype, pos, window, splits=4, seed=pos)
+    assert relative_error(out, ref_out) < TOLERANCE[dtype]
+    # the new token's k (rotated) and v land in the cache at pos, nothing else changes
+    assert relative_error(k, ref_k) < TOLERANCE[dtype] / 4
+    assert torch.equal(v, ref_v)
+
+
+def test_decode_attention_with_more_splits_than_blocks():
+    # 32 chunks over 12 tokens: most programs find an empty span and must not count
+    (out, _, _), (ref, _, _) = attention_case(torch.float32, 11, None, splits=32, seed=1)
+    assert relative_error(out, ref) < 1e-5
