@@ -24,7 +24,8 @@ case ${1:?stage} in
     for m in ${MODELS//,/ }; do
       python3 bench/engine_kernels.py --model "$m" --ctx "$CTX" --json "$DEST/h200_engine_kernels_$m.json"
     done
-    cp "$FLOORLINE_CACHE/engine-gemv.json" "$DEST/engine-gemv.json" ;;
+    # shapes tuned by this run (none where the shipped table had them all)
+    if [[ -f $FLOORLINE_CACHE/engine-gemv.json ]]; then cp "$FLOORLINE_CACHE/engine-gemv.json" "$DEST/"; fi ;;
   sweep) fl sweep --db "$DB" --models "$MODELS" --ctx "$CTX" --paths "${PATHS:-engine,hf-static+graphs,hf-static+compile+graphs}" ;;
   nopdl) FLOORLINE_PDL=0 fl sweep --db "${DB%.db}_nopdl.db" --models "$MODELS" --ctx "$CTX" --paths engine ;;
   probe) fl probe --db "$DB" ;;

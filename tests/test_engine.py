@@ -55,8 +55,8 @@ def test_bf16_logits_stay_in_transformers_own_band():
                                        prompt_len=8, steps=8)
     # against transformers in float32, the engine's bf16 error is of the order of transformers'
     # own bf16 error (the engine keeps its residual stream in fp32)
-    engine = sorted(result.engine_vs_fp32)[len(result.engine_vs_fp32) // 2]
-    hf = sorted(result.hf_vs_fp32)[len(result.hf_vs_fp32) // 2]
+    summary = result.summary()
+    engine, hf = summary["engine_vs_fp32_median"], summary["hf_vs_fp32_median"]
     assert 0 < engine < 2 * hf < 5e-2
 
 
@@ -141,7 +141,7 @@ def test_greedy_and_nucleus_sampling():
         counts[token.item()] += 1
     expected = torch.softmax(logits, 0) * draws
     assert ((counts - expected).abs() < 5 * expected.sqrt() + 5).all()
-    # top_p = 0.8 keeps tokens 1 and 2 (0.50 + 0.30 of the mass): never 0 or 3
+    # top_p = 0.8 keeps tokens 1 and 2 (0.57 + 0.34 of the mass): never 0 or 3
     torch.manual_seed(1)
     top = Sampler(temperature=1.0, top_p=0.8)
     seen = set()
@@ -186,3 +186,19 @@ def test_the_cache_is_allocated_once_for_the_capacity():
     assert engine.position.item() == 15
     with pytest.raises(FloorlineError, match="prefill of 40 tokens"):
         engine.prefill(torch.arange(40))
+    engine.prefill(torch.arange(38))
+    engine.step(), engine.step()
+    with pytest.raises(FloorlineError, match="cache of 40 tokens is full"):
+        engine.step()
+    with pytest.raises(FloorlineError, match="backend must be"):
+        Engine(resolve_model("tiny-llama"), "cpu", 8, backend="cuda")
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "{\"k\": {\"block_n\": 4}}", "{oops"])
+def test_a_broken_tuning_table_is_one_line(tmp_path, monkeypatch, text):
+    from floorline.engine.tuning import GemvTuner
+
+    monkeypatch.setenv("FLOORLINE_CACHE", str(tmp_path))
+    (tmp_path / "engine-gemv.json").write_text(text)
+    with pytest.raises(FloorlineError, match="delete it to tune again"):
+        GemvTuner("cpu")

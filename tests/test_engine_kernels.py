@@ -7,6 +7,7 @@ tiny shapes. Outputs are poisoned with NaN first, so an element the kernel never
 import pytest
 import torch
 
+from floorline.engine.check import relative_error
 from floorline.engine.kernels.attention import (
     attention_scratch, decode_attention, decode_attention_reference,
 )
@@ -16,11 +17,6 @@ from floorline.engine.tuning import candidates, interpreter_config
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 arithmetic lands far under 1e-5; a bf16 output differs by its own rounding (~4e-3).
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
-
-
-def relative_error(a, b) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm()).item()
 
 
 def poisoned(n, dtype):
@@ -51,13 +47,18 @@ def test_gemv_fusions_match_the_reference(dtype, n, k, config):
         assert relative_error(mine, ref) < TOLERANCE[dtype], kwargs.keys()
 
 
-@pytest.mark.parametrize("split_k", [1, 2, 3])
-def test_gemv_accumulates_into_the_residual_with_k_splits(split_k):
+@pytest.mark.parametrize("split_k", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv_accumulates_into_the_residual_with_k_splits(split_k, dtype):
+    # as the step runs o and down: 16-bit x and W added into the fp32 residual stream;
+    # K = 112 is 7 blocks of 16 (a split of 3 leaves a ragged last split), K = 128 with a
+    # split of 4 is the even case
     g = torch.Generator().manual_seed(split_k)
-    n, k = 40, 112  # 112 = 7 blocks of 16: a split of 3 leaves a ragged last split
-    x, w, b = draw(k, generator=g), draw(n, k, generator=g), draw(n, generator=g)
+    n, k = 40, 128 if split_k == 4 else 112
+    x, w, b = (draw(k, dtype=dtype, generator=g), draw(n, k, dtype=dtype, generator=g),
+               draw(n, dtype=dtype, generator=g))
     h = draw(n, generator=g)
-    expected = h + w @ x + b
+    expected = h + w.double() @ x.double() + b.double()
     gemv(x, w, h, config=GemvConfig(8, 16, split_k=split_k), bias=b, accumulate=True)
     assert relative_error(h, expected) < 1e-5
 
@@ -77,17 +78,18 @@ def test_gemv_refuses_what_it_cannot_compute():
 
 def test_tuning_candidates_fit_their_shape():
     for n, k in [(4608, 3584), (3584, 18944), (64, 96)]:
-        for accumulate in (False, True):
-            found = candidates(n, k, accumulate)
-            assert found and len(set(found)) == len(found)
-            assert all(c.block_k <= max(16, 1 << (k - 1).bit_length()) for c in found)
-            assert all(c.split_k == 1 for c in found) or accumulate
-    assert interpreter_config(1000, 96).block_k == 128
+        plain, accumulating = candidates(n, k, False), candidates(n, k, True)
+        assert plain and all(c.split_k == 1 for c in plain)
+        for c in plain + accumulating:
+            assert c.block_k <= max(16, 1 << (k - 1).bit_length())
+            assert c.split_k * c.block_k <= k or c.split_k == 1
+    assert any(c.split_k > 1 for c in candidates(3584, 18944, True))
+    assert interpreter_config(96).block_k == 128
 
 
-def attention_case(dtype, pos, window, splits, seed):
+def attention_case(dtype, pos, window, splits, seed, heads=6, kv_heads=2):
     g = torch.Generator().manual_seed(seed)
-    heads, kv_heads, d, capacity = 6, 2, 16, 40
+    d, capacity = 16, 40
     qkv = draw((heads + 2 * kv_heads) * d, dtype=dtype, generator=g)
     caches = [draw(kv_heads, capacity, d, dtype=dtype, generator=g) for _ in "kv"]
     angles = draw(capacity, d // 2, generator=g)
@@ -105,7 +107,7 @@ def attention_case(dtype, pos, window, splits, seed):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("pos", [0, 5, 17, 39])  # first token, short, several blocks, full cache
+@pytest.mark.parametrize("pos", [0, 5, 17, 39])  # first token, short, several blocks, last slot
 @pytest.mark.parametrize("window", [None, 6])
 def test_decode_attention_matches_the_reference(dtype, pos, window):
     (out, k, v), (ref_out, ref_k, ref_v) = attention_case(dtype, pos, window, splits=4, seed=pos)
@@ -113,6 +115,14 @@ def test_decode_attention_matches_the_reference(dtype, pos, window):
     # the new token's k (rotated) and v land in the cache at pos, nothing else changes
     assert relative_error(k, ref_k) < TOLERANCE[dtype] / 4
     assert torch.equal(v, ref_v)
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(3, 3), (40, 2)])  # no GQA; a group above 16
+@pytest.mark.parametrize("window", [None, 30])  # a window over several chunks
+def test_decode_attention_group_sizes(heads, kv_heads, window):
+    (out, k, _), (ref, ref_k, _) = attention_case(torch.float32, 37, window, splits=4, seed=2,
+                                                  heads=heads, kv_heads=kv_heads)
+    assert relative_error(out, ref) < 1e-5 and relative_error(k, ref_k) < 1e-6
 
 
 def test_decode_attention_with_more_splits_than_blocks():

@@ -195,11 +195,11 @@ class Decoder:
             hn = _rms_norm(x, layer.ln2, c.eps)
             act = torch.nn.functional.silu(_linear(hn, layer.wgate)) * _linear(hn, layer.wup)
             x = x + _linear(act, layer.wdown).float()
-        logits = _linear(_rms_norm(x[-1:], w.norm, c.eps), w.head).float().view(-1)
-        self.logits.copy_(logits)
+        # The last position's logits by the decode step's own head product (fp32 out).
+        self.ops.gemv(x[-1].contiguous(), w.head, self.logits, norm=w.norm, eps=c.eps)
         self.sampler(self.logits, self.token)
         self.pos.fill_(n)
-        return logits
+        return self.logits.clone()
 
 
 def _rms_norm(x, weight, eps):

@@ -25,6 +25,8 @@ class Engine:
         self.config = DecoderConfig.from_hf(model.config)
         self.device = torch.device(device)
         backend = backend or ("triton" if self.device.type == "cuda" else "reference")
+        if backend not in ("triton", "reference"):
+            raise FloorlineError(f"engine backend must be 'triton' or 'reference', not '{backend}'")
         ops = TritonOps(self.device) if backend == "triton" else ReferenceOps()
         if weights is None:
             weights = (load_checkpoint(model.weights_dir, self.config, self.device, dtype)
@@ -33,6 +35,7 @@ class Engine:
         self.sampler = sampler or Sampler()
         self.decoder = Decoder(self.config, weights, capacity, ops, self.sampler)
         self.graph = None
+        self.filled = 0  # tokens in the cache, kept on the host too: a step past the end is refused
 
     @property
     def ops(self):
@@ -51,17 +54,22 @@ class Engine:
         return self.decoder.logits
 
     def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.decoder.prefill(tokens.to(self.device).view(-1))
+        logits = self.decoder.prefill(tokens.to(self.device).view(-1))
+        self.filled = tokens.numel()
+        return logits
+
+    def _room(self) -> None:
+        if self.filled >= self.decoder.capacity:
+            raise FloorlineError(f"the cache of {self.decoder.capacity} tokens is full: no room "
+                                 "for a step")
 
     def capture(self) -> None:
         """Record one step in a CUDA graph. One eager step first, on a side stream, compiles the
         kernels and tunes any shape not yet in the table; its effect on token, position and the
-        CUDA generator (sampling and tuning draw from it) is undone, so the stream goes on from
-        the prefill, and the slot it wrote in the cache is the one the first replay writes."""
+        CUDA generator (sampling draws from it) is undone, so the stream goes on from the
+        prefill, and the slot it wrote in the cache is the one the first replay writes."""
         d = self.decoder
-        if int(d.pos.item()) >= self.decoder.capacity:
-            raise FloorlineError(f"the cache of {self.decoder.capacity} tokens is full: no "
-                                 "room for a step")
+        self._room()
         token, pos = d.token.clone(), d.pos.clone()
         with torch.cuda.device(self.device):
             rng = torch.cuda.get_rng_state()
@@ -78,6 +86,8 @@ class Engine:
                 d.step()
 
     def step(self) -> None:
+        self._room()
+        self.filled += 1
         if self.graph is not None:
             self.graph.replay()
         else:

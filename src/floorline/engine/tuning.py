@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -38,20 +38,26 @@ def candidates(n: int, k: int, accumulate: bool) -> list[GemvConfig]:
     configs += [GemvConfig(bn, bk, w, s) for bn, bk, w, s in SPLITS]
     configs += [GemvConfig(bn, min(bk, widest), w, 1, stages)
                 for bn, bk, w in SHAPES[3:6] for stages in (2, 4)]
-    return list(dict.fromkeys(c for c in configs if c.fits(n, k, accumulate)))
+    return list(dict.fromkeys(c for c in configs if c.fits(k, accumulate)))
 
 
-def interpreter_config(n: int, k: int) -> GemvConfig:
+def interpreter_config(k: int) -> GemvConfig:
     """Few, large programs: the interpreter's cost is per program, not per byte."""
     return GemvConfig(16, min(256, max(16, triton.next_power_of_2(k))))
 
 
 def _read_table(path: Path) -> dict:
+    """{key: GemvConfig fields (+ us, gbps)}; anything else is refused in one line."""
+    fields = {f.name for f in dataclasses.fields(GemvConfig)}
     try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, OSError) as e:
+        table = json.loads(path.read_text())
+        if not isinstance(table, dict) or not all(
+                isinstance(v, dict) and fields <= v.keys() for v in table.values()):
+            raise ValueError("not a table of GEMV launch configurations")
+    except (ValueError, OSError) as e:  # JSONDecodeError is a ValueError
         raise FloorlineError(f"cannot read the GEMV tuning table {path} ({e}); delete it to "
                              "tune again") from None
+    return table
 
 
 class GemvTuner:
@@ -72,16 +78,16 @@ class GemvTuner:
     def config(self, w, out, *, norm: bool, up: bool, bias: bool,
                accumulate: bool) -> GemvConfig:
         if not self.cuda:
-            return interpreter_config(*w.shape)
+            return interpreter_config(w.shape[1])
         key = self.key(w, out, norm=norm, up=up, bias=bias, accumulate=accumulate)
         if key not in self.table:
             best, us = self.tune(w, out, norm=norm, up=up, bias=bias, accumulate=accumulate)
             weight_bytes = w.numel() * w.element_size() * (2 if up else 1)
-            self.table[key] = {**asdict(best), "us": round(us, 2),
+            self.table[key] = {**dataclasses.asdict(best), "us": round(us, 2),
                                "gbps": round(weight_bytes / us / 1e3, 1)}
             self._save(key)
-        entry = {f: v for f, v in self.table[key].items() if f not in ("us", "gbps")}
-        return GemvConfig(**entry)
+        fields = {f.name for f in dataclasses.fields(GemvConfig)}
+        return GemvConfig(**{f: v for f, v in self.table[key].items() if f in fields})
 
     def _save(self, key: str) -> None:
         self.file.parent.mkdir(parents=True, exist_ok=True)

@@ -76,8 +76,14 @@ def load_checkpoint(directory: Path, config, device, dtype) -> DecoderWeights:
     files = sorted(Path(directory).glob("*.safetensors"))
     if not files:
         raise FloorlineError(f"{directory} holds no .safetensors files")
-    handles = [safe_open(str(f), framework="pt", device=str(device)) for f in files]
-    where = {name: h for h in handles for name in h.keys()}
+    where = {}
+    for f in files:
+        handle = safe_open(str(f), framework="pt", device=str(device))
+        for name in handle.keys():
+            if name in where:
+                raise FloorlineError(f"{directory}: tensor '{name}' is in more than one "
+                                     "safetensors file")
+            where[name] = handle
 
     def get(name):
         if name not in where:

@@ -60,16 +60,16 @@ def _attention_split_kernel(qkv_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, pa
     one = tl.arange(0, 1)
     # The query group and the new k, rounded where the cache's precision would round them.
     q = _rotated(qkv_ptr, 0, cos_ptr, sin_ptr, pos, heads, g_ok, D)
-    q = q.to(qkv_ptr.dtype.element_ty).to(tl.float32) * scale
+    q = q.to(qkv_ptr.dtype.element_ty).to(tl.float32)  # exact in tf32; scaled after the dots
     k_new = _rotated(qkv_ptr, HQ * D, cos_ptr, sin_ptr, pos, kv_head + one, one < 1, D)
-    k_new = k_new.to(cache_dtype)
+    k_new = k_new.to(qkv_ptr.dtype.element_ty).to(cache_dtype)
     v_new = tl.load(qkv_ptr + (HQ + HKV + kv_head) * D + d)
     base = kv_head.to(tl.int64) * capacity * D
     owner = split == SPLITS - 1  # this program also takes the new token
     if owner:
         tl.store(k_ptr + base + pos * D + d[None, :], k_new)
         tl.store(v_ptr + base + pos * D + d, v_new.to(cache_dtype))
-    s_new = tl.sum(q * k_new.to(tl.float32), axis=1)
+    s_new = tl.sum(q * k_new.to(tl.float32), axis=1) * scale
     m_i = tl.where(owner, s_new, float("-inf"))
     l_i = tl.where(owner, 1.0, 0.0) + tl.zeros((G_PAD,), tl.float32)
     acc = tl.where(owner, 1.0, 0.0) * v_new.to(cache_dtype).to(tl.float32)[None, :] \
@@ -87,7 +87,7 @@ def _attention_split_kernel(qkv_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, pa
         offs = base + t[:, None] * D + d[None, :]
         k = tl.load(k_ptr + offs, mask=t_ok[:, None], other=0.0).to(tl.float32)
         v = tl.load(v_ptr + offs, mask=t_ok[:, None], other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         s = tl.where(t_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
@@ -121,8 +121,8 @@ def _attention_combine_kernel(part_ptr, stats_ptr, out_ptr, SPLITS: tl.constexpr
 
 
 def _precision(dtype) -> str:
-    # The dots run on fp32 operands. A bf16 cache's values are exact in tf32 (10-bit mantissa),
-    # so tf32 loses nothing on K and V; an fp32 cache needs full fp32 products.
+    # The dots run on fp32 operands. bf16 values (q as stored, K, V) are exact in tf32 (10-bit
+    # mantissa), so tf32 loses nothing on them; an fp32 cache needs full fp32 products.
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
