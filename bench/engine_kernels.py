@@ -10,19 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 import torch
 
 from floorline.engine.kernels.attention import attention_scratch, decode_attention
 from floorline.engine.model import ATTENTION_BLOCK_T, DecoderConfig, attention_splits
 from floorline.engine.ops import TritonOps
-from floorline.engine.tuning import _time_graph
+from floorline.engine.tuning import rotation_copies, time_graph
 from floorline.models import resolve_model
-
-
-def copies_for(nbytes: int) -> int:
-    return max(1, math.ceil(4 * torch.cuda.get_device_properties(0).L2_cache_size / nbytes))
 
 
 def gemv_rows(c: DecoderConfig, ops: TritonOps) -> list[dict]:
@@ -44,7 +39,7 @@ def gemv_rows(c: DecoderConfig, ops: TritonOps) -> list[dict]:
     for name, n, k, flags, x_dtype, out_dtype in shapes:
         mats = 2 if flags.get("up") else 1
         nbytes = n * k * 2 * mats
-        copies = copies_for(nbytes)
+        copies = rotation_copies(nbytes, "cuda")
         ws = [[draw(n, k) for _ in range(mats)] for _ in range(copies)]
         x, out = draw(k, dtype=x_dtype), torch.zeros(n, dtype=out_dtype, device="cuda")
         kw = dict(norm=draw(k) if flags.get("norm") else None, eps=1e-6,
@@ -62,7 +57,7 @@ def gemv_rows(c: DecoderConfig, ops: TritonOps) -> list[dict]:
                 for m in w:
                     torch.nn.functional.linear(xb, m)
 
-        t_mine, t_lib = _time_graph(mine) / copies, _time_graph(cublas) / copies
+        t_mine, t_lib = time_graph(mine) / copies, time_graph(cublas) / copies
         config = ops.tuner.config(ws[0][0], out, norm=kw["norm"] is not None,
                                   up=mats == 2, bias=kw["bias"] is not None,
                                   accumulate=kw["accumulate"])
@@ -80,7 +75,7 @@ def attention_rows(c: DecoderConfig, contexts: list[int]) -> list[dict]:
     for ctx in contexts:
         capacity = ctx + 1
         nbytes = 2 * c.kv_heads * ctx * c.head_dim * 2
-        copies = copies_for(nbytes)
+        copies = rotation_copies(nbytes, "cuda")
         caches = [tuple(torch.randn(c.kv_heads, capacity, c.head_dim, device="cuda",
                                     dtype=torch.bfloat16) for _ in "kv") for _ in range(copies)]
         qkv = torch.randn(c.qkv_rows, device="cuda", dtype=torch.bfloat16)
@@ -99,7 +94,7 @@ def attention_rows(c: DecoderConfig, contexts: list[int]) -> list[dict]:
                     decode_attention(qkv, k, v, cos, cos, pos, out, scale=c.head_dim ** -0.5,
                                      window=None, scratch=scratch, block_t=block_t)
 
-            t = _time_graph(run) / copies
+            t = time_graph(run) / copies
             engine = splits == chosen and block_t == ATTENTION_BLOCK_T
             rows.append(dict(kernel=f"attention+rope ctx {ctx}" + (" (engine)" if engine else ""),
                              shape=f"{c.kv_heads} kv heads x {ctx}", MB=nbytes / 1e6, us=t,

@@ -8,7 +8,6 @@ from floorline.engine.model import Decoder, DecoderConfig
 from floorline.engine.ops import ReferenceOps, TritonOps
 from floorline.engine.sampling import Sampler
 from floorline.engine.weights import load_checkpoint, random_weights
-
 from floorline.errors import FloorlineError
 
 

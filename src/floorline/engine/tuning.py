@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import dataclasses
 from pathlib import Path
 
@@ -21,6 +22,8 @@ import triton
 from floorline.engine.kernels.gemv import GemvConfig, gemv
 from floorline.errors import FloorlineError
 from floorline.localcache import cache_dir
+from floorline.measure.probe import l2_bytes
+from floorline.measure.timer import time_steps
 
 SHIPPED = Path(__file__).parent / "tuned"
 
@@ -100,9 +103,7 @@ class GemvTuner:
     def tune(self, w, out, *, norm, up, bias, accumulate) -> tuple[GemvConfig, float]:
         """The fastest candidate for this shape and its microseconds per product."""
         n, k = w.shape
-        per_copy = w.numel() * w.element_size() * (2 if up else 1)
-        l2 = torch.cuda.get_device_properties(self.device).L2_cache_size
-        copies = max(1, math.ceil(4 * l2 / per_copy))
+        copies = rotation_copies(w.numel() * w.element_size() * (2 if up else 1), self.device)
 
         generator = torch.Generator(device=self.device).manual_seed(n * k)
 
@@ -120,25 +121,22 @@ class GemvTuner:
             def run():
                 for m, u in mats:
                     gemv(x, m, y, config=config, up=u, **extras)
-            results.append((_time_graph(run) / copies, config))
+            results.append((time_graph(run) / copies, config))
         us, best = min(results, key=lambda r: r[0])
         return best, us
 
 
-def _time_graph(fn, replays: int = 10) -> float:
-    """Median microseconds of one replay of `fn` captured in a CUDA graph."""
+def rotation_copies(nbytes: int, device) -> int:
+    """Copies of an `nbytes` operand that together overflow L2 four times (at least one)."""
+    return max(1, math.ceil(4 * l2_bytes(str(device)) / nbytes))
+
+
+def time_graph(fn, replays: int = 10) -> float:
+    """Median microseconds of one replay of `fn` captured in a CUDA graph, timed by the
+    project's step timer (events around each replay, after one untimed replay)."""
     fn()  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return sorted(times)[len(times) // 2]
+    return statistics.median(time_steps(graph.replay, "cuda", replays, warmup=1)) * 1e3

@@ -12,7 +12,7 @@ import time
 
 from floorline.measure.timer import time_steps
 
-def _l2_bytes(device: str) -> int:
+def l2_bytes(device: str) -> int:
     import torch
 
     if device.startswith("cuda"):
@@ -22,7 +22,7 @@ def _l2_bytes(device: str) -> int:
 
 def _rotation(nbytes: int, device: str, budget: int) -> int:
     """How many copies of an `nbytes` buffer cycle through more than 4x L2, within `budget`."""
-    return max(2, min(-(-4 * _l2_bytes(device) // nbytes) + 1, budget // nbytes))
+    return max(2, min(-(-4 * l2_bytes(device) // nbytes) + 1, budget // nbytes))
 
 
 def _time_ms(fn, device: str, repeats: int) -> float:
@@ -122,7 +122,7 @@ def probe(device: str, model=None, buffer_mib: int = 1024, budget_mib: int = 819
         "stream_read_gbps": stream_read_gbps(device, nbytes, budget),
         "copy_gbps": copy_gbps(device, nbytes, budget),
         **launch_us(device),
-        "method": (f"{buffer_mib} MiB buffers rotated past 4x L2 ({_l2_bytes(device) / 2**20:.0f} "
+        "method": (f"{buffer_mib} MiB buffers rotated past 4x L2 ({l2_bytes(device) / 2**20:.0f} "
                    "MiB); median of 20 timed passes; copy counts read + write; GEMV is a one-row "
                    "bf16 F.linear, replayed in a CUDA graph on GPUs"),
     }
