@@ -2,13 +2,19 @@
 # The quantised paths on the lent H200 (issue 4), beside their 16-bit references, into one
 # results database. Resumable: cells already valid under the same environment are skipped.
 #   bash bench/h200_quantised.sh setup            install the carried wheels
-#   bash bench/h200_quantised.sh build-llamacpp   build llama-cpp-python with CUDA (sm_90)
+#   bash bench/h200_quantised.sh build-llamacpp   build llama.cpp with CUDA (sm_90) for llama-cpp-python
 #   bash bench/h200_quantised.sh smoke            every path on qwen2.5-1.5b, few steps
 #   bash bench/h200_quantised.sh hf|packed|compile|llamacpp   stages of the qwen2.5-7b grid
+#   bash bench/h200_quantised.sh gguf bf16|q4_0   write a llamacpp cell's GGUF ahead of it
+#   bash bench/h200_quantised.sh llama-bench      llama.cpp's own timing of those GGUFs
+#   bash bench/h200_quantised.sh llamacpp-debug   the llamacpp path on a small model under cuda-gdb
 # Carried in .whl/ (no registry there): wheels of bitsandbytes (CUDA 13.0 library only),
-# torchao, exllamav2, gguf, diskcache; the llama-cpp-python sdist (stripped of what a build
-# does not need); floorline_marlin.so (kernels/marlin/build.sh). Built artefacts are kept in
+# torchao, exllamav2, gguf, diskcache; the llama-cpp-python sdist as .tar.xz, stripped of what a
+# build does not need; floorline_marlin.so (kernels/marlin/build.sh). Built artefacts are kept in
 # .whl/built/ when a call carries them back.
+# A device call sends the working tree anew, tracked databases included: a sweep left running in
+# the background across calls loses its rows to the fresh copy. Give such a run DB=/tmp/... and
+# copy that back (sqlite3's backup folds in the WAL).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DB=${DB:-bench/results/h200_quantised.db}
@@ -20,14 +26,26 @@ export LLAMA_CPP_LIB_PATH=${LLAMA_CPP_LIB_PATH:-$SITE/llama_cpp/lib}
 fl() { python3 -m floorline "$@"; }
 MODEL=qwen2.5-7b CTX=2048,16384
 
+# llama.cpp from llama-cpp-python's source package (stripped: no models/, docs/, .git), built by
+# CMake alone so that the same build gives the library the Python package loads and llama.cpp's
+# own llama-bench; with debug symbols, so that a crash can be placed (cuda-gdb; there is no gdb).
+# --exclude-libs: with the device's CUDA 13 toolkit, libggml-cuda.so exported a copy of
+# libstdc++'s stream code from a static archive linked into it, libllama's std::ostream calls bound to
+# that copy, whose locale was never set up, and model loading segfaulted in print_info
+# (bench/results/h200_llamacpp_segfault.log); hiding the archives' symbols fixes it.
+LLAMA_SRC=/tmp/llama-src LLAMA_BUILD=/tmp/llama-build
 build_llamacpp() {
-  python3 -c "import llama_cpp" 2>/dev/null && return
-  CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_CUDA_FA_QUANTS=f16-f16 \
-    -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$MAX_JOBS \
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation --target $SITE \
-    .whl/llama_cpp_python-*.tar.gz
+  [[ -e $SITE/llama_cpp/lib/libllama.so ]] && return
+  mkdir -p $LLAMA_SRC $SITE/llama_cpp/lib
+  tar -xJf .whl/llama_cpp_python-*.tar.xz -C $LLAMA_SRC --strip-components=1
+  cmake -S $LLAMA_SRC/vendor/llama.cpp -B $LLAMA_BUILD -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DBUILD_SHARED_LIBS=ON -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--exclude-libs,ALL
+  cmake --build $LLAMA_BUILD --target llama llama-bench -j $MAX_JOBS
+  cp -r $LLAMA_SRC/llama_cpp $SITE/ && cp -P $LLAMA_BUILD/bin/*.so* $SITE/llama_cpp/lib/
 }
+ggufs() { ls /tmp/floorline-cache/gguf/${MODEL}-*-seed0.gguf; }
 
 case ${1:?stage} in
   setup)
@@ -35,6 +53,18 @@ case ${1:?stage} in
     # an exllamav2 extension built by an earlier call (see `artefacts`) spares its ~200 s build
     for f in .whl/built/*.xz; do [[ -e $f ]] && xz -dc "$f" > "$SITE/$(basename "${f%.xz}")"; done ;;
   build-llamacpp) build_llamacpp ;;
+  gguf)  # the GGUFs the llamacpp cells load, written ahead of them into the cache
+    python3 -c "import sys; from floorline.models.zoo import resolve_model
+from floorline.paths.llamacpp import gguf_file
+print(gguf_file(resolve_model(sys.argv[1]), sys.argv[2], 0))" $MODEL "${2:?bf16 or q4_0}"; exit ;;
+  llamacpp-debug)  # the llamacpp path on a small model under cuda-gdb: where a crash is
+    FLOORLINE_LLAMA_LOG=1 cuda-gdb -batch -ex run -ex "bt 40" -ex "info sharedlibrary" --args \
+      python3 -m floorline sweep --db /tmp/llamacpp-debug.db --models qwen2.5-1.5b --ctx 512 \
+      --steps 8 --warmup 2 --paths llamacpp-q4_0,llamacpp-bf16; exit ;;
+  llama-bench)  # llama.cpp's own batch-1 decode timing of the same files, beside the path's
+    for f in $(ggufs); do
+      $LLAMA_BUILD/bin/llama-bench -m "$f" -ngl 99 -p 0 -n 64 -d ${CTX} -r 3 -o jsonl
+    done; exit ;;
   fl) shift; fl "$@"; exit ;;
   py) shift; python3 "$@"; exit ;;
   sh) shift; source "$@"; exit ;;
