@@ -45,7 +45,7 @@ build_llamacpp() {
   cmake --build $LLAMA_BUILD --target llama llama-bench -j $MAX_JOBS
   cp -r $LLAMA_SRC/llama_cpp $SITE/ && cp -P $LLAMA_BUILD/bin/*.so* $SITE/llama_cpp/lib/
 }
-ggufs() { ls /tmp/floorline-cache/gguf/${MODEL}-*-seed0.gguf; }
+ggufs() { ls $FLOORLINE_CACHE/gguf/${MODEL}-*-seed0.gguf; }
 
 case ${1:?stage} in
   setup)

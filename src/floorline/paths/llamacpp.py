@@ -86,16 +86,21 @@ def gguf_file(model, fmt: str, seed: int) -> FilePath:
     return path
 
 
+def model_params(L, device: str):
+    """llama_model_params of a cell: every layer on the GPU, or none on the CPU."""
+    params = L.llama_model_default_params()
+    params.n_gpu_layers = -1 if device.startswith("cuda") else 0
+    return params
+
+
 # Loads the file onto the cell's device as the session will (once per file, seconds). A broken
 # llama.cpp build kills the process it runs in (seen on the H200: a CUDA build segfaulting in
 # print_info, README): a sweep must lose that cell, not the rest of its grid.
 _PROBE = """
 import sys
-from floorline.paths.llamacpp import load_llama_cpp
+from floorline.paths.llamacpp import load_llama_cpp, model_params
 L = load_llama_cpp(sys.argv[2])
-params = L.llama_model_default_params()
-params.n_gpu_layers = -1 if sys.argv[2].startswith("cuda") else 0
-L.llama_model_load_from_file(sys.argv[1].encode(), params)
+L.llama_model_load_from_file(sys.argv[1].encode(), model_params(L, sys.argv[2]))
 """
 _probed: set[tuple[str, str]] = set()
 
@@ -105,9 +110,8 @@ def probe_load(file: FilePath, device: str) -> None:
     cell invalid with that signal. Any other failure is left to the real load to report."""
     if (str(file), device) in _probed:
         return
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     try:
-        code = subprocess.run([sys.executable, "-c", _PROBE, str(file), device], env=env,
+        code = subprocess.run([sys.executable, "-c", _PROBE, str(file), device],
                               capture_output=True, timeout=600).returncode
     except subprocess.TimeoutExpired:
         raise PathUnavailable(f"llama.cpp did not load {file.name} within 10 min in a probe "
@@ -127,9 +131,7 @@ class LlamaCppSession(Session):
         import numpy as np
 
         self.L, self.seed = L, seed
-        params = L.llama_model_default_params()
-        params.n_gpu_layers = -1 if device.startswith("cuda") else 0
-        self.model = L.llama_model_load_from_file(str(file).encode(), params)
+        self.model = L.llama_model_load_from_file(str(file).encode(), model_params(L, device))
         if not self.model:
             raise FloorlineError(f"llama.cpp could not load {file}")
         cp = L.llama_context_default_params()
