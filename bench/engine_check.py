@@ -1,7 +1,8 @@
 """The engine against transformers on the GPU: bf16 logits on the 7B/8B configs (teacher-forced,
-one CUDA graph), and float32 greedy agreement on small configs.
+one CUDA graph), and float32 greedy agreement on small configs. --quantised runs the int4 and
+fp8 cases instead: transformers on the dequantised weights, the quantisation error beside it.
 
-    python bench/engine_check.py [--json out.json]
+    python bench/engine_check.py [--quantised] [--models a,b] [--json out.json]
 """
 
 from __future__ import annotations
@@ -15,14 +16,22 @@ import torch
 from floorline.engine.check import compare_with_transformers
 from floorline.models import resolve_model
 
-CASES = [  # model, dtype, prompt, steps
-    ("tiny-llama", torch.float32, 16, 64),
-    ("tiny-qwen2", torch.float32, 16, 64),
-    ("tiny-mistral-swa", torch.float32, 250, 64),
-    ("llama-3.2-1b", torch.float32, 32, 64),
-    ("qwen2.5-1.5b", torch.bfloat16, 32, 32),
-    ("qwen2.5-7b", torch.bfloat16, 64, 32),
-    ("llama-3.1-8b", torch.bfloat16, 64, 32),
+CASES = [  # model, dtype, prompt, steps, weights, head
+    ("tiny-llama", torch.float32, 16, 64, "bf16", "bf16"),
+    ("tiny-qwen2", torch.float32, 16, 64, "bf16", "bf16"),
+    ("tiny-mistral-swa", torch.float32, 250, 64, "bf16", "bf16"),
+    ("llama-3.2-1b", torch.float32, 32, 64, "bf16", "bf16"),
+    ("qwen2.5-1.5b", torch.bfloat16, 32, 32, "bf16", "bf16"),
+    ("qwen2.5-7b", torch.bfloat16, 64, 32, "bf16", "bf16"),
+    ("llama-3.1-8b", torch.bfloat16, 64, 32, "bf16", "bf16"),
+]
+QUANTISED = [
+    ("llama-3.2-1b", torch.float32, 32, 64, "int4", "bf16"),
+    ("qwen2.5-1.5b", torch.float32, 32, 64, "fp8", "bf16"),
+    ("qwen2.5-7b", torch.bfloat16, 64, 64, "int4", "bf16"),
+    ("qwen2.5-7b", torch.bfloat16, 64, 64, "fp8", "bf16"),
+    ("qwen2.5-7b", torch.bfloat16, 64, 64, "int4", "fp8"),
+    ("llama-3.1-8b", torch.bfloat16, 64, 64, "int4", "bf16"),
 ]
 
 
@@ -30,20 +39,24 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
     parser.add_argument("--models", help="comma-separated subset of the cases")
+    parser.add_argument("--quantised", action="store_true", help="the int4 and fp8 cases")
     args = parser.parse_args()
     wanted = set(args.models.split(",")) if args.models else None
     results = []
-    for name, dtype, prompt, steps in CASES:
+    for name, dtype, prompt, steps, weights, head in QUANTISED if args.quantised else CASES:
         if wanted and name not in wanted:
             continue
         t0 = time.time()
         r = compare_with_transformers(resolve_model(name), "cuda", dtype, prompt_len=prompt,
-                                      steps=steps).summary()
+                                      steps=steps, weights=weights, head=head).summary()
         r["seconds"] = round(time.time() - t0, 1)
         results.append(r)
         extra = (f" | vs fp32: engine {r['engine_vs_fp32_median']:.2e}, transformers "
                  f"{r['hf_vs_fp32_median']:.2e}" if "engine_vs_fp32_median" in r else "")
-        print(f"{name:18} {r['dtype']:9} positions {r['positions']:3} rel err median "
+        if "quant_vs_16bit_median" in r:
+            extra += (f" | vs 16-bit weights: {r['quant_vs_16bit_median']:.2e}, argmax agree "
+                      f"{r['quant_argmax_agree']}/{r['positions']}")
+        print(f"{name:18} {r['dtype']:9} {weights}/{head} positions {r['positions']:3} rel err median "
               f"{r['median_rel_err']:.2e} max {r['max_rel_err']:.2e} argmax agree "
               f"{r['argmax_agree']}/{r['positions']}{extra} ({r['seconds']} s)", flush=True)
         torch.cuda.empty_cache()

@@ -1,9 +1,10 @@
 """Micro-benchmarks of the engine's kernels at a model's shapes, on a CUDA GPU: achieved GB/s
-of each GEMV (tuned Triton launch vs cuBLAS through F.linear, same rotation past L2, both
-replayed from a CUDA graph), and of decode attention (with rope and the KV write) at each
-context.
+of each GEMV (tuned Triton launch vs cuBLAS through F.linear on 16-bit weights, same rotation
+past L2, both replayed from a CUDA graph), and of decode attention (with rope and the KV write)
+at each context. --weights int4|fp8 times the quantised GEMVs (bytes as stored) and checks each
+against its dequantise-then-multiply reference at the real shape.
 
-    python bench/engine_kernels.py --model qwen2.5-7b --ctx 2048,16384 [--json out.json]
+    python bench/engine_kernels.py --model qwen2.5-7b --ctx 2048,16384 [--weights int4] [--json out.json]
 """
 
 from __future__ import annotations
@@ -13,16 +14,24 @@ import json
 
 import torch
 
+from floorline.engine.check import relative_error
 from floorline.engine.kernels.attention import attention_scratch, decode_attention
+from floorline.engine.kernels.gemv import gemv_reference
 from floorline.engine.model import ATTENTION_BLOCK_T, DecoderConfig, attention_splits
 from floorline.engine.ops import TritonOps
-from floorline.engine.tuning import rotation_copies, time_graph
+from floorline.engine.quant import FORMATS, HEAD_FORMATS, format_of, quantize
+from floorline.engine.quant import nbytes as weight_nbytes
+from floorline.engine.tuning import random_like, rotation_copies, time_graph
 from floorline.models import resolve_model
 
 
-def gemv_rows(c: DecoderConfig, ops: TritonOps) -> list[dict]:
+def gemv_rows(c: DecoderConfig, ops: TritonOps, weights: str = "bf16",
+              head: str = "bf16") -> list[dict]:
     def draw(*shape, dtype=torch.bfloat16):
         return torch.empty(shape, dtype=dtype, device="cuda").normal_(0, 0.02)
+
+    def matrix(n, k, is_head):
+        return quantize(draw(n, k), head if is_head else weights)
 
     shapes = [  # name, N, K, flags, x dtype, out dtype
         ("qkv+norm+bias" if c.qkv_bias else "qkv+norm", c.qkv_rows, c.hidden,
@@ -38,9 +47,11 @@ def gemv_rows(c: DecoderConfig, ops: TritonOps) -> list[dict]:
     rows = []
     for name, n, k, flags, x_dtype, out_dtype in shapes:
         mats = 2 if flags.get("up") else 1
-        nbytes = n * k * 2 * mats
+        is_head = name.startswith("lm head")
+        ws = [[matrix(n, k, is_head) for _ in range(mats)]]
+        nbytes = weight_nbytes(ws[0][0]) * mats
         copies = rotation_copies(nbytes, "cuda")
-        ws = [[draw(n, k) for _ in range(mats)] for _ in range(copies)]
+        ws += [[random_like(w, None) for w in ws[0]] for _ in range(copies - 1)]
         x, out = draw(k, dtype=x_dtype), torch.zeros(n, dtype=out_dtype, device="cuda")
         kw = dict(norm=draw(k) if flags.get("norm") else None, eps=1e-6,
                   bias=draw(n) if flags.get("bias") else None,
@@ -50,21 +61,34 @@ def gemv_rows(c: DecoderConfig, ops: TritonOps) -> list[dict]:
             for w in ws:
                 ops.gemv(x, w[0], out, up=w[1] if mats == 2 else None, **kw)
 
-        xb = x.to(torch.bfloat16)[None]
+        # the kernel against its reference on the first copy, before any timing
+        up = ws[0][1] if mats == 2 else None
+        got, want = out.clone(), out.clone()
+        ops.gemv(x, ws[0][0], got, up=up, **kw)
+        gemv_reference(x, ws[0][0], want, up=up, **kw)
+        err = relative_error(got, want)
+        t_mine = time_graph(mine) / copies
+        if weights == "bf16" or is_head and head == "bf16":
+            xb = x.to(torch.bfloat16)[None]
+            dense_ws = ws
 
-        def cublas():  # the products alone, no fusion
-            for w in ws:
-                for m in w:
-                    torch.nn.functional.linear(xb, m)
+            def cublas():  # the products alone, no fusion
+                for w in dense_ws:
+                    for m in w:
+                        torch.nn.functional.linear(xb, m)
 
-        t_mine, t_lib = time_graph(mine) / copies, time_graph(cublas) / copies
+            t_lib = time_graph(cublas) / copies
+        else:
+            t_lib = None
         config = ops.tuner.config(ws[0][0], out, norm=kw["norm"] is not None,
                                   up=mats == 2, bias=kw["bias"] is not None,
                                   accumulate=kw["accumulate"])
-        rows.append(dict(kernel=f"gemv {name}", shape=f"{n}x{k}" + (" x2" if mats == 2 else ""),
-                         MB=nbytes / 1e6, us=t_mine, gbps=nbytes / t_mine / 1e3,
-                         cublas_us=t_lib, cublas_gbps=nbytes / t_lib / 1e3,
-                         config=str(config)))
+        row = dict(kernel=f"gemv {name}", format=format_of(ws[0][0]),
+                   shape=f"{n}x{k}" + (" x2" if mats == 2 else ""), MB=nbytes / 1e6, us=t_mine,
+                   gbps=nbytes / t_mine / 1e3, rel_err=err, config=str(config))
+        if t_lib is not None:
+            row.update(cublas_us=t_lib, cublas_gbps=nbytes / t_lib / 1e3)
+        rows.append(row)
     return rows
 
 
@@ -106,21 +130,27 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="qwen2.5-7b")
     parser.add_argument("--ctx", default="2048,16384")
+    parser.add_argument("--weights", default="bf16", choices=FORMATS)
+    parser.add_argument("--head", default="bf16", choices=HEAD_FORMATS)
     parser.add_argument("--json")
     args = parser.parse_args()
     c = DecoderConfig.from_hf(resolve_model(args.model).config)
     ops = TritonOps("cuda")
-    rows = gemv_rows(c, ops) + attention_rows(c, [int(x) for x in args.ctx.split(",")])
-    print(f"{args.model} on {torch.cuda.get_device_name()}")
-    print(f"{'kernel':34} {'shape':24} {'MB':>8} {'us':>8} {'GB/s':>7} {'cuBLAS GB/s':>11}  config")
+    rows = gemv_rows(c, ops, args.weights, args.head)
+    if args.weights == "bf16":
+        rows += attention_rows(c, [int(x) for x in args.ctx.split(",")])
+    print(f"{args.model} on {torch.cuda.get_device_name()}, weights {args.weights}, head {args.head}")
+    print(f"{'kernel':34} {'shape':24} {'format':7} {'MB':>8} {'us':>8} {'GB/s':>7} "
+          f"{'cuBLAS GB/s':>11} {'rel err':>8}  config")
     for r in rows:
         lib = f"{r['cublas_gbps']:11.0f}" if "cublas_gbps" in r else " " * 11
-        print(f"{r['kernel']:34} {r['shape']:24} {r['MB']:8.1f} {r['us']:8.2f} {r['gbps']:7.0f} "
-              f"{lib}  {r['config']}")
+        err = f"{r['rel_err']:8.1e}" if "rel_err" in r else " " * 8
+        print(f"{r['kernel']:34} {r['shape']:24} {r.get('format', ''):7} {r['MB']:8.1f} "
+              f"{r['us']:8.2f} {r['gbps']:7.0f} {lib} {err}  {r['config']}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "gpu": torch.cuda.get_device_name(), "rows": rows},
-                      f, indent=1)
+            json.dump({"model": args.model, "gpu": torch.cuda.get_device_name(),
+                       "weights": args.weights, "head": args.head, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

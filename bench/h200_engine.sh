@@ -3,11 +3,15 @@
 # database. Resumable: cells already valid under the same environment are skipped.
 #   bash bench/h200_engine.sh check     engine vs transformers (bf16 7B/8B logits, fp32 greedy)
 #   bash bench/h200_engine.sh kernels   each kernel's GB/s at the Qwen2.5-7B and Llama-3.1-8B shapes
+#                                       (WEIGHTS=int4|fp8 HEAD=fp8: the quantised GEMVs, checked too)
 #   bash bench/h200_engine.sh sweep     engine, hf-static+graphs, hf-static+compile+graphs cells
 #   bash bench/h200_engine.sh nopdl     engine cells without programmatic dependent launch (A/B)
 #   bash bench/h200_engine.sh probe     the card's measured read bandwidth, for "of measured"
 #   bash bench/h200_engine.sh explain   where the engine's step time goes, kernel by kernel
 #   bash bench/h200_engine.sh all       all of the above, then torchao-int4+compile+graphs (issue 4)
+#   bash bench/h200_engine.sh quant     the engine's int4 and fp8 paths beside engine bf16: their
+#                                       kernels at the Qwen2.5-7B shapes, then the sweep
+#   bash bench/h200_engine.sh quant-check   their logits against transformers on dequantised weights
 # Files for the results folder go to $OUT (the device tool's) or bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,18 +25,27 @@ MODELS=${MODELS:-qwen2.5-7b,llama-3.1-8b} CTX=${CTX:-2048,16384}
 case ${1:?stage} in
   check) python3 bench/engine_check.py --json "$DEST/h200_engine_check.json" ${2:+--models $2} ;;
   kernels)
+    W=${WEIGHTS:-bf16} H=${HEAD:-bf16}
+    SUFFIX=$([[ $W$H == bf16bf16 ]] || echo "_$W-head$H")
     for m in ${MODELS//,/ }; do
-      python3 bench/engine_kernels.py --model "$m" --ctx "$CTX" --json "$DEST/h200_engine_kernels_$m.json"
+      python3 bench/engine_kernels.py --model "$m" --ctx "$CTX" --weights "$W" --head "$H" \
+        --json "$DEST/h200_engine_kernels_$m$SUFFIX.json"
     done
     # shapes tuned by this run (none where the shipped table had them all)
     if [[ -f $FLOORLINE_CACHE/engine-gemv.json ]]; then cp "$FLOORLINE_CACHE/engine-gemv.json" "$DEST/"; fi ;;
   sweep) fl sweep --db "$DB" --models "$MODELS" --ctx "$CTX" --paths "${PATHS:-engine,hf-static+graphs,hf-static+compile+graphs}" ;;
   nopdl) FLOORLINE_PDL=0 fl sweep --db "${DB%.db}_nopdl.db" --models "$MODELS" --ctx "$CTX" --paths engine ;;
   probe) fl probe --db "$DB" ;;
+  quant)
+    WEIGHTS=int4 HEAD=fp8 MODELS=qwen2.5-7b bash "$0" kernels || echo "stage failed"
+    WEIGHTS=fp8 MODELS=qwen2.5-7b bash "$0" kernels || echo "stage failed"
+    fl sweep --db "$DB" --models "$MODELS" --ctx "$CTX" \
+      --paths "${PATHS:-engine,engine-int4,engine-fp8,engine-int4-fp8head}" || echo "stage failed" ;;
+  quant-check) python3 bench/engine_check.py --quantised --json "$DEST/h200_engine_quant_check.json" ;;
   explain)
-    for m in ${MODELS//,/ }; do for c in ${CTX//,/ }; do
-      fl explain --db "$DB" --model "$m" --ctx "$c" --path engine --json > "$DEST/h200_explain_engine_${m}_$c.json"
-    done; done ;;
+    for p in ${EXPLAIN_PATHS:-engine}; do for m in ${MODELS//,/ }; do for c in ${CTX//,/ }; do
+      fl explain --db "$DB" --model "$m" --ctx "$c" --path "$p" --json > "$DEST/h200_explain_${p}_${m}_$c.json"
+    done; done; done ;;
   all)  # the whole bench in one run, most important first (a device call is 10 minutes at most:
         # start it with setsid and collect with `snapshot` from later calls)
     export DEST

@@ -129,7 +129,7 @@ def test_cli_streams_text_and_summarises(cli, checkpoint, greedy):
     ctx = len(greedy.prompt_ids) + NEW - 2  # the last step reads the cache up to here
     summary = proc.stderr.strip().splitlines()[-1]
     assert re.fullmatch(rf"{NEW} new tokens, prefill [\d.]+ ms, decode [\d.]+ ms/token, "
-                        rf"[\d.]+% of the floor \([\d.]+ ms at ctx {ctx}, fp32, on cpu at "
+                        rf"[\d.]+% of the floor \([\d.]+ ms at ctx {ctx}, weights fp32, KV fp32, on cpu at "
                         r"[\d.]+ GB/s\)", summary), summary
 
 
@@ -160,3 +160,19 @@ def test_bad_arguments_are_one_line_errors(checkpoint):
         generate(checkpoint, PROMPT, dtype="float16")
     with pytest.raises(FloorlineError, match="top_p"):
         generate(checkpoint, PROMPT, temperature=1.0, top_p=0.0)
+
+
+def test_int4_and_fp8_generate_from_a_16bit_checkpoint(cli, checkpoint):
+    for weights, head in (("int4", "bf16"), ("fp8", "fp8")):
+        # hidden 64 is not a whole number of 128-groups: int4 is refused in one line
+        proc = cli("generate", "--model", checkpoint, "--prompt", PROMPT, "--max-new-tokens", 4,
+                   "--device", "cpu", "--dtype", "float32", "--weights", weights, "--head", head)
+        if weights == "int4":
+            assert proc.returncode == 2 and "multiple of it" in proc.stderr
+            assert "Traceback" not in proc.stderr
+            continue
+        assert proc.returncode == 0, proc.stderr
+        assert "weights engine-fp8-fp8head" in proc.stderr
+    proc = cli("generate", "--model", checkpoint, "--prompt", PROMPT, "--device", "cpu",
+               "--weights", "nf4")
+    assert proc.returncode == 2 and "engine weights must be one of" in proc.stderr

@@ -126,8 +126,9 @@ def formats() -> None:
     for f in WEIGHT_FORMATS.values():
         per_weight = f.bits + (f.group_bits / f.group_size if f.group_size else 0)
         per_row = "" if f.group_size or not f.group_bits else f" + {f.group_bits:g} per row"
+        head_rows = f" + {f.head_row_bits:g} per row" if f.head_row_bits else ""
         table.add_row(f.name, f"{per_weight:.4g}{per_row}",
-                      str(f.group_size or "row"), f"{f.group_bits:g}", f"{f.head_bits:.4g}",
+                      str(f.group_size or "row"), f"{f.group_bits:g}", f"{f.head_bits:.4g}{head_rows}",
                       str(f.dense_bits), f.source)
     out.print(table)
 
@@ -503,6 +504,8 @@ def generate_cmd(
     device: DEVICE_OPTION = None,
     dtype: Annotated[str, typer.Option(help="bfloat16 or float32.")] = "bfloat16",
     no_chat: Annotated[bool, typer.Option("--no-chat", help="Encode the prompt as it is, without the chat template.")] = False,
+    weights: Annotated[Optional[str], typer.Option(help="Format of the decoder's linears: int4 (group 128), fp8 or bf16; a 16-bit checkpoint is quantised at load. Default: the checkpoint's own (AWQ/GPTQ run as int4).")] = None,
+    head: Annotated[str, typer.Option(help="Format of the LM head: bf16 (16-bit) or fp8 (one scale per row).")] = "bf16",
     gpu: GPU_OPTION = None,
 ) -> None:
     """Generate text with floorline's engine, streamed to stdout; speed against the floor on stderr."""
@@ -517,7 +520,7 @@ def generate_cmd(
 
     result = generate(model, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
                       top_p=top_p, seed=seed, device=device, dtype=dtype, chat=not no_chat,
-                      on_text=write)
+                      weights=weights, head=head, on_text=write)
     write("\n")
     err.print(result.summary(gpu_spec), highlight=False, markup=False, soft_wrap=True)
 

@@ -20,8 +20,9 @@ class WeightFormat:
 
     The decoder's linear layers hold `bits` per weight, and every `group_size` weights of a row
     share `group_bits` of metadata (scales, zeros, absmax); group_size 0 means one group per
-    output row. The LM head holds `head_bits` per weight (its metadata included), the one input
-    embedding row a step reads `embed_bits`, and norms and biases `dense_bits`.
+    output row. The LM head holds `head_bits` per weight (its metadata included) plus
+    `head_row_bits` per row, the one input embedding row a step reads `embed_bits`, and norms
+    and biases `dense_bits`.
     """
 
     name: str
@@ -30,6 +31,7 @@ class WeightFormat:
     group_bits: float = 0.0
     head_bits: float = 16
     head_bits_unaligned: float | None = None  # a k-quant head whose rows are not 256-aligned
+    head_row_bits: float = 0.0
     embed_bits: float = 16
     dense_bits: int = 16
     source: str = ""
@@ -41,7 +43,8 @@ class WeightFormat:
 
     def head_bytes(self, vocab: int, hidden: int) -> float:
         aligned = self.head_bits_unaligned is None or hidden % 256 == 0
-        return vocab * hidden * (self.head_bits if aligned else self.head_bits_unaligned) / 8
+        bits = self.head_bits if aligned else self.head_bits_unaligned
+        return (vocab * hidden * bits + vocab * self.head_row_bits) / 8
 
 
 # GGUF block types (ggml-common.h): Q4_0 = fp16 scale + 32 4-bit weights (18 bytes per 32);
@@ -71,6 +74,17 @@ WEIGHT_FORMATS = {
         WeightFormat("awq-int4-g128", 4, 128, 16 + 4,
                      source="AWQ (AutoAWQ GEMM): int4 qweight, fp16 scale and 4-bit packed zero "
                             "per 128; Marlin's repacked form holds the same"),
+        WeightFormat("engine-int4-g128", 4, 128, 16 + 8,
+                     source="floorline's engine int4: fp16 scale and uint8 zero point per 128 "
+                            "along K, repacked from AWQ/GPTQ or quantised at load"),
+        WeightFormat("engine-int4-g128-fp8head", 4, 128, 16 + 8, head_bits=8, head_row_bits=32,
+                     source="the engine's int4 with its LM head in fp8 (e4m3), one fp32 scale "
+                            "per row"),
+        WeightFormat("engine-fp8", 8, 0, 32,
+                     source="floorline's engine fp8: float8 e4m3 with one fp32 scale per output "
+                            "row"),
+        WeightFormat("engine-fp8-fp8head", 8, 0, 32, head_bits=8, head_row_bits=32,
+                     source="the engine's fp8 with its LM head in fp8 too"),
         WeightFormat("gguf-bf16", 16, dense_bits=32,
                      source="GGUF BF16: matrices in bf16, norms and biases in F32"),
         WeightFormat("gguf-q4_0", 4, 32, 16, head_bits=Q6_K_BITS, head_bits_unaligned=Q8_0_BITS,

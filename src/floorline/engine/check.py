@@ -6,6 +6,11 @@ float32, the engine's argmax agreeing with transformers' at every step is the sa
 greedy sequences being equal. In bf16 the band is transformers' own: both are compared with a
 float32 copy of transformers' model, and the engine's error should not exceed transformers'
 bf16 error by much.
+
+With int4 or fp8 weights (or an fp8 head), each quantised matrix is made once and transformers
+runs its dequantised copy (in the run's dtype, and in float32 for the reference), so both sides
+compute the same math and the same bands apply. The quantisation error itself, the engine
+against transformers on the original 16-bit weights, is reported beside it (quant_vs_16bit).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from floorline.engine.model import DecoderConfig
+from floorline.engine.quant import quantize
 from floorline.engine.runtime import Engine
 from floorline.engine.weights import from_named
 
@@ -34,6 +40,11 @@ class Comparison:
     # bf16 only: each against transformers in float32.
     engine_vs_fp32: list[float] = field(default_factory=list)
     hf_vs_fp32: list[float] = field(default_factory=list)
+    weights: str = "bf16"
+    head: str = "bf16"
+    # Quantised runs: the engine against transformers on the unquantised weights.
+    quant_vs_16bit: list[float] = field(default_factory=list)
+    quant_argmax_agree: int = 0
 
     @property
     def positions(self) -> int:
@@ -41,12 +52,16 @@ class Comparison:
 
     def summary(self) -> dict:
         out = {"model": self.model, "dtype": self.dtype, "backend": self.backend,
+               "weights": self.weights, "head": self.head,
                "graph": self.graph, "positions": self.positions,
                "max_rel_err": max(self.errors), "median_rel_err": _median(self.errors),
                "argmax_agree": self.argmax_agree}
         if self.engine_vs_fp32:
             out["engine_vs_fp32_median"] = _median(self.engine_vs_fp32)
             out["hf_vs_fp32_median"] = _median(self.hf_vs_fp32)
+        if self.quant_vs_16bit:
+            out["quant_vs_16bit_median"] = _median(self.quant_vs_16bit)
+            out["quant_argmax_agree"] = self.quant_argmax_agree
         return out
 
 
@@ -69,9 +84,30 @@ def perturb_(model, seed: int) -> None:
             p.add_(0.1 * noise)
 
 
+def quantise_in_place(hf, reference, weights: str, head: str, group_size: int) -> dict:
+    """Each decoder linear (and the LM head, for an fp8 head) quantised once; transformers'
+    model and its float32 reference get the dequantised matrices. Returns {prefix: weight}."""
+    made = {}
+    head_module = hf.get_output_embeddings()
+    fp32 = dict(reference.named_modules()) if reference is not None else {}
+    for name, module in hf.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        fmt = head if module is head_module else weights
+        if fmt == "bf16":
+            continue
+        q = quantize(module.weight.data.float(), fmt, group_size)
+        module.weight.data.copy_(q.dequantize(module.weight.dtype))
+        if name in fp32:
+            fp32[name].weight.data.copy_(q.dequantize(torch.float32))
+        made[name] = q
+    return made
+
+
 def compare_with_transformers(spec, device: str, dtype: torch.dtype, *, prompt_len: int = 16,
                               steps: int = 64, seed: int = 0, backend: str | None = None,
-                              graph: bool | None = None) -> Comparison:
+                              graph: bool | None = None, weights: str = "bf16",
+                              head: str = "bf16", group_size: int = 128) -> Comparison:
     from transformers import DynamicCache
 
     from floorline.models import build_model
@@ -80,16 +116,28 @@ def compare_with_transformers(spec, device: str, dtype: torch.dtype, *, prompt_l
     graph = device.startswith("cuda") if graph is None else graph
     hf = build_model(spec.without_weights(), device, dtype, seed)
     perturb_(hf, seed)
+    quantised = weights != "bf16" or head != "bf16"
+    if quantised and hf.get_output_embeddings().weight is hf.get_input_embeddings().weight \
+            and head != "bf16":
+        raise ValueError("an fp8 head is compared on untied models only (the input table "
+                         "stays 16-bit)")
+    original = copy.deepcopy(hf) if quantised else None
     reference = copy.deepcopy(hf).float() if dtype != torch.float32 else None
+    made = quantise_in_place(hf, reference, weights, head, group_size)
     params = dict(hf.named_parameters())
-    weights = from_named(DecoderConfig.from_hf(spec.config), params.__getitem__, device, dtype)
+    config = DecoderConfig.from_hf(spec.config)
+    decoder_weights = from_named(config, params.__getitem__, device, dtype,
+                                 linear=made.__getitem__ if weights != "bf16" else None)
+    if head != "bf16":
+        decoder_weights.head = made["lm_head"]
     engine = Engine(spec, device, prompt_len + steps + 1, dtype=dtype, backend=backend,
-                    weights=weights)
+                    decoder_weights=decoder_weights)
     result = Comparison(spec.name, str(dtype).removeprefix("torch."), engine.ops.name, graph,
-                        steps)
+                        steps, weights=weights, head=head)
     prompt = torch.randint(engine.config.vocab, (1, prompt_len),
                            generator=torch.Generator().manual_seed(seed)).to(device)
-    caches = {id(m): DynamicCache(config=m.config) for m in (hf, reference) if m is not None}
+    caches = {id(m): DynamicCache(config=m.config) for m in (hf, reference, original)
+              if m is not None}
 
     def hf_logits(model, tokens, start):
         positions = torch.arange(start, start + tokens.shape[1], device=device)
@@ -110,6 +158,10 @@ def compare_with_transformers(spec, device: str, dtype: torch.dtype, *, prompt_l
                 truth = hf_logits(reference, tokens, start)
                 result.engine_vs_fp32.append(relative_error(mine, truth))
                 result.hf_vs_fp32.append(relative_error(theirs, truth))
+            if original is not None:
+                unquantised = hf_logits(original, tokens, start)
+                result.quant_vs_16bit.append(relative_error(mine, unquantised))
+                result.quant_argmax_agree += int(mine.argmax() == unquantised.argmax())
             if len(result.errors) == steps + 1:
                 break
             start += tokens.shape[1]

@@ -25,6 +25,7 @@ class GenerationResult:
     text: str  # the new tokens decoded, special tokens left out
     stopped_at_eos: bool
     dtype: str
+    weight_format: str  # the floor's name for the weights that ran (quantised or 16-bit)
     prefill_ms: float  # the prompt's forward pass and the first new token read back
     decode_ms: float  # wall clock over the decode steps, each token read back included
     device_ms: float | None  # CUDA events around each graph replay; None on the CPU
@@ -60,10 +61,11 @@ class GenerationResult:
             parts.append(f"decode {self.ms_per_token:.3f} ms/token")
             if self.device_ms is not None:
                 parts.append(f"device {self.device_ms_per_step:.3f} ms/step")
-            fmt = DTYPES[self.dtype][1]
-            f = floor(self.spec, gpu, self.final_context, fmt, fmt)
+            kv = DTYPES[self.dtype][1]
+            f = floor(self.spec, gpu, self.final_context, self.weight_format, kv)
             parts.append(f"{f.floor_ms / self.ms_per_token:.1%} of the floor ({f.floor_ms:.3f} ms "
-                         f"at ctx {f.ctx}, {fmt}, on {gpu.name} at {gpu.peak_gbps:g} GB/s)")
+                         f"at ctx {f.ctx}, weights {self.weight_format}, KV {kv}, on {gpu.name} "
+                         f"at {gpu.peak_gbps:g} GB/s)")
         return ", ".join(parts)
 
 
@@ -138,10 +140,14 @@ def eos_ids(directory: Path, config, tokenizer) -> set[int]:
 
 def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
              temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, device: str = "cpu",
-             dtype: str = "bfloat16", chat: bool = True,
+             dtype: str = "bfloat16", chat: bool = True, weights: str | None = None,
+             head: str = "bf16",
              on_text: Callable[[str], None] | None = None) -> GenerationResult:
     """Up to `max_new_tokens` new tokens from the checkpoint directory `model`, stopping at EOS;
-    `on_text` receives the decoded text piece by piece as it comes."""
+    `on_text` receives the decoded text piece by piece as it comes. `weights` (int4, fp8, bf16;
+    None: the checkpoint's own format) and `head` (bf16, fp8) choose the engine's formats; a
+    16-bit checkpoint is quantised at load."""
+    from floorline.engine.quant import floor_format
     from floorline.engine.runtime import Engine
     from floorline.models import resolve_model
     from floorline.models.zoo import SOURCES
@@ -172,7 +178,9 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
     cuda = torch.device(device).type == "cuda"
     if cuda and torch.device(device).index is not None:
         torch.cuda.set_device(device)  # the kernels, the graph and the events use the current GPU
-    engine = Engine(spec, device, capacity, dtype=DTYPES[dtype][0], sampler=sampler)
+    engine = Engine(spec, device, capacity, dtype=DTYPES[dtype][0], sampler=sampler,
+                    weights=weights, head=head)
+    weight_format = floor_format(engine.weights, engine.head, DTYPES[dtype][1])
     stream = TextStream(tokenizer, on_text)
 
     torch.manual_seed(seed)
@@ -203,5 +211,5 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
             device_ms += start.elapsed_time(end)
         stream.push(ids[-1])
     engine.close()
-    return GenerationResult(prompt_ids, ids, stream.finish(), ids[-1] in stop, dtype, prefill_ms,
-                            decode_s * 1e3, device_ms, spec)
+    return GenerationResult(prompt_ids, ids, stream.finish(), ids[-1] in stop, dtype,
+                            weight_format, prefill_ms, decode_s * 1e3, device_ms, spec)

@@ -14,8 +14,9 @@ single CUDA graph:
     logits = Whead . rmsnorm(h); token = sample(logits); pos += 1
 
 `ops` is the kernels (floorline.engine.ops.TritonOps) or their PyTorch references
-(ReferenceOps, the CPU path); both take the same buffers. Prefill runs whole-sequence PyTorch
-on the same weights.
+(ReferenceOps, the CPU path); both take the same buffers. W is 16-bit, int4 or fp8
+(floorline.engine.quant); the kernels read it as stored. Prefill runs whole-sequence PyTorch on
+the same weights, a quantised matrix dequantised to the 16-bit dtype for its product.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from floorline.engine.quant import dense
 from floorline.engine.weights import DecoderWeights
 from floorline.errors import FloorlineError
 
@@ -181,8 +183,9 @@ class Decoder:
         x = w.embed[tokens].float()
         positions = torch.arange(n, device=x.device)
         cos, sin = self.cos[positions], self.sin[positions]
+        dt = w.dtype
         for i, layer in enumerate(w.layers):
-            qkv = _linear(_rms_norm(x, layer.ln1, c.eps), layer.wqkv, layer.bqkv)
+            qkv = _linear(_rms_norm(x, layer.ln1, c.eps), layer.wqkv, layer.bqkv, dt)
             q, k, v = qkv.split([c.heads * c.head_dim, c.kv_heads * c.head_dim,
                                  c.kv_heads * c.head_dim], dim=-1)
             q = _rotate(q.view(n, c.heads, c.head_dim), cos, sin).to(w.dtype)
@@ -191,10 +194,11 @@ class Decoder:
             self.k_cache[i, :, :n] = k.transpose(0, 1)
             self.v_cache[i, :, :n] = v.transpose(0, 1)
             o = _causal_attention(q, k, v, c.windows[i], self.scale)
-            x = x + _linear(o.transpose(0, 1).reshape(n, -1), layer.wo, layer.bo).float()
+            x = x + _linear(o.transpose(0, 1).reshape(n, -1), layer.wo, layer.bo, dt).float()
             hn = _rms_norm(x, layer.ln2, c.eps)
-            act = torch.nn.functional.silu(_linear(hn, layer.wgate)) * _linear(hn, layer.wup)
-            x = x + _linear(act, layer.wdown).float()
+            act = (torch.nn.functional.silu(_linear(hn, layer.wgate, None, dt))
+                   * _linear(hn, layer.wup, None, dt))
+            x = x + _linear(act, layer.wdown, None, dt).float()
         # The last position's logits by the decode step's own head product (fp32 out).
         self.ops.gemv(x[-1].contiguous(), w.head, self.logits, norm=w.norm, eps=c.eps)
         self.sampler(self.logits, self.token)
@@ -207,8 +211,8 @@ def _rms_norm(x, weight, eps):
     return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(weight.dtype)
 
 
-def _linear(x, weight, bias=None):
-    return torch.nn.functional.linear(x.to(weight.dtype), weight, bias)
+def _linear(x, weight, bias, dtype):
+    return torch.nn.functional.linear(x.to(dtype), dense(weight, dtype), bias)
 
 
 def _rotate(x, cos, sin):

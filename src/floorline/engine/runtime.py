@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from floorline.engine.model import Decoder, DecoderConfig
+from floorline.engine.model import Decoder, DecoderConfig, EngineUnsupported
 from floorline.engine.ops import ReferenceOps, TritonOps
+from floorline.engine.quant import FORMATS, HEAD_FORMATS, format_of
 from floorline.engine.sampling import Sampler
 from floorline.engine.weights import load_checkpoint, random_weights
 from floorline.errors import FloorlineError
+from floorline.models.zoo import quantisation_config
 
 
 class Engine:
@@ -16,23 +18,46 @@ class Engine:
 
     backend: "triton" (the kernels; the default on CUDA) or "reference" (PyTorch; the default on
     the CPU). On CUDA, capture() records one step in a CUDA graph and step() replays it.
+    weights: the decoder linears' format, "bf16" (the 16-bit `dtype`), "int4" (group
+    `group_size`) or "fp8"; None runs a checkpoint in its own format (16-bit for random
+    weights). head: the LM head's, "bf16" (16-bit) or "fp8". `decoder_weights` skips loading.
     """
 
     def __init__(self, model, device: str, capacity: int, *, seed: int = 0,
                  dtype: torch.dtype = torch.bfloat16, backend: str | None = None,
-                 sampler: Sampler | None = None, weights=None):
+                 sampler: Sampler | None = None, weights: str | None = None,
+                 head: str = "bf16", group_size: int = 128, decoder_weights=None):
+        if weights is not None and weights not in FORMATS:
+            raise FloorlineError(f"engine weights must be one of {', '.join(FORMATS)}, not "
+                                 f"'{weights}'")
+        if head not in HEAD_FORMATS:
+            raise FloorlineError(f"engine head must be one of {', '.join(HEAD_FORMATS)}, not "
+                                 f"'{head}'")
         self.config = DecoderConfig.from_hf(model.config)
+        if weights == "int4":
+            c = self.config
+            widths = {c.hidden, c.heads * c.head_dim, c.intermediate}
+            if any(k % group_size for k in widths):
+                raise EngineUnsupported(f"int4 group {group_size} needs every matrix width "
+                                        f"({', '.join(map(str, sorted(widths)))}) to be a "
+                                        "multiple of it")
         self.device = torch.device(device)
         backend = backend or ("triton" if self.device.type == "cuda" else "reference")
         if backend not in ("triton", "reference"):
             raise FloorlineError(f"engine backend must be 'triton' or 'reference', not '{backend}'")
         ops = TritonOps(self.device) if backend == "triton" else ReferenceOps()
-        if weights is None:
-            weights = (load_checkpoint(model.weights_dir, self.config, self.device, dtype)
-                       if model.has_real_weights
-                       else random_weights(self.config, self.device, dtype, seed))
+        formats = dict(head=head, group_size=group_size)
+        if decoder_weights is None and model.has_real_weights:
+            decoder_weights = load_checkpoint(model.weights_dir, self.config, self.device, dtype,
+                                              weights=weights, quantization=quantisation_config(
+                                                  model.config), **formats)
+        elif decoder_weights is None:
+            decoder_weights = random_weights(self.config, self.device, dtype, seed,
+                                             weights=weights or "bf16", **formats)
         self.sampler = sampler or Sampler()
-        self.decoder = Decoder(self.config, weights, capacity, ops, self.sampler)
+        self.decoder = Decoder(self.config, decoder_weights, capacity, ops, self.sampler)
+        self.weights = format_of(decoder_weights.layers[0].wdown)  # the formats that run
+        self.head = format_of(decoder_weights.head)
         self.graph = None
         self.filled = 0  # tokens in the cache, kept on the host too: a step past the end is refused
 

@@ -20,6 +20,7 @@ import torch
 import triton
 
 from floorline.engine.kernels.gemv import GemvConfig, gemv
+from floorline.engine.quant import Fp8Weight, Int4Weight, nbytes, quantize_fp8
 from floorline.errors import FloorlineError
 from floorline.localcache import cache_dir
 from floorline.measure.probe import l2_bytes
@@ -32,21 +33,74 @@ SHIPPED = Path(__file__).parent / "tuned"
 SHAPES = [(1, 2048, 4), (2, 1024, 4), (2, 2048, 8), (4, 512, 4), (4, 1024, 4), (4, 1024, 8),
           (8, 256, 4), (8, 512, 4), (8, 512, 8), (16, 256, 4), (16, 512, 8)]
 SPLITS = [(4, 512, 4, 2), (8, 256, 4, 2), (4, 512, 4, 4), (8, 256, 4, 4), (2, 1024, 4, 4)]
+# fp8 reads half the bytes per weight of bf16, so wider tiles and more warps keep as many bytes
+# in flight
+FP8_SHAPES = [(8, 1024, 8), (16, 512, 8), (16, 1024, 8), (32, 512, 8), (4, 2048, 8)]
+# int4: (block_n, groups per iteration, warps); a program's tile is block_n x groups x 64 bytes
+# (group 128). Tiles that Triton 3.6 lays out without shared-memory shuffles in the loop (read
+# from the compiled code); splits as above where the product accumulates.
+INT4_SHAPES = [(4, 4, 4), (8, 2, 4), (8, 4, 4), (16, 2, 4), (16, 4, 4), (16, 4, 8), (32, 2, 4),
+               (32, 2, 8), (32, 4, 8), (64, 2, 8)]
+INT4_SPLITS = [(8, 4, 4, 2), (16, 2, 4, 2), (16, 4, 4, 2), (8, 4, 4, 4), (16, 2, 4, 4)]
 
 
-def candidates(n: int, k: int, accumulate: bool) -> list[GemvConfig]:
-    """The table above, blocks no wider than K (rounded up to a power of two)."""
+def candidates(n: int, k: int, accumulate: bool, group: int | None = None,
+               fp8: bool = False) -> list[GemvConfig]:
+    """The tables above, blocks no wider than K (rounded up to a power of two); `group` is an
+    int4 weight's group size (None for 16-bit and fp8)."""
+    if group is not None:
+        most = triton.next_power_of_2(max(1, k // group))
+        configs = [GemvConfig(bn, min(g, most) * group, w) for bn, g, w in INT4_SHAPES]
+        configs += [GemvConfig(bn, g * group, w, s) for bn, g, w, s in INT4_SPLITS]
+        configs += [GemvConfig(bn, min(g, most) * group, w, 1, stages)
+                    for bn, g, w in INT4_SHAPES[2:6] for stages in (2, 4)]
+        return list(dict.fromkeys(c for c in configs if c.fits(k, accumulate)))
     widest = max(16, triton.next_power_of_2(k))
-    configs = [GemvConfig(bn, min(bk, widest), w) for bn, bk, w in SHAPES]
+    configs = [GemvConfig(bn, min(bk, widest), w)
+               for bn, bk, w in SHAPES + (FP8_SHAPES if fp8 else [])]
     configs += [GemvConfig(bn, bk, w, s) for bn, bk, w, s in SPLITS]
     configs += [GemvConfig(bn, min(bk, widest), w, 1, stages)
                 for bn, bk, w in SHAPES[3:6] for stages in (2, 4)]
     return list(dict.fromkeys(c for c in configs if c.fits(k, accumulate)))
 
 
-def interpreter_config(k: int) -> GemvConfig:
+def interpreter_config(k: int, group: int | None = None) -> GemvConfig:
     """Few, large programs: the interpreter's cost is per program, not per byte."""
+    if group is not None:
+        return GemvConfig(16, group * min(triton.next_power_of_2(max(1, k // group)),
+                                          max(1, 256 // group)))
     return GemvConfig(16, min(256, max(16, triton.next_power_of_2(k))))
+
+
+def group_of(w) -> int | None:
+    return w.group_size if isinstance(w, Int4Weight) else None
+
+
+def kind(w) -> str:
+    """The weight's format in a tuning key."""
+    if isinstance(w, Int4Weight):
+        return f"int4g{w.group_size}"
+    if isinstance(w, Fp8Weight):
+        return "fp8row"
+    return str(w.dtype)
+
+
+def random_like(w, generator):
+    """A weight of `w`'s format and shape with random contents (for timing)."""
+    n, k = w.shape
+    device = w.device
+    if isinstance(w, Int4Weight):
+        groups = k // w.group_size
+        return Int4Weight(
+            torch.randint(-2**31, 2**31 - 1, tuple(w.qweight.shape), dtype=torch.int32,
+                          device=device, generator=generator),
+            torch.empty(n, groups, dtype=torch.float16, device=device).uniform_(
+                1e-3, 2e-3, generator=generator),
+            torch.randint(0, 16, (n, groups), dtype=torch.uint8, device=device,
+                          generator=generator), w.group_size)
+    m = torch.empty(n, k, dtype=torch.float32 if isinstance(w, Fp8Weight) else w.dtype,
+                    device=device).normal_(0, 0.02, generator=generator)
+    return quantize_fp8(m) if isinstance(w, Fp8Weight) else m
 
 
 def _read_table(path: Path) -> dict:
@@ -76,16 +130,16 @@ class GemvTuner:
 
     def key(self, w, out, **flags) -> str:
         on = ",".join(name for name, value in sorted(flags.items()) if value)
-        return f"{self.gpu}|{w.shape[0]}x{w.shape[1]}|{w.dtype}->{out.dtype}|{on}"
+        return f"{self.gpu}|{w.shape[0]}x{w.shape[1]}|{kind(w)}->{out.dtype}|{on}"
 
     def config(self, w, out, *, norm: bool, up: bool, bias: bool,
                accumulate: bool) -> GemvConfig:
         if not self.cuda:
-            return interpreter_config(w.shape[1])
+            return interpreter_config(w.shape[1], group_of(w))
         key = self.key(w, out, norm=norm, up=up, bias=bias, accumulate=accumulate)
         if key not in self.table:
             best, us = self.tune(w, out, norm=norm, up=up, bias=bias, accumulate=accumulate)
-            weight_bytes = w.numel() * w.element_size() * (2 if up else 1)
+            weight_bytes = nbytes(w) * (2 if up else 1)
             self.table[key] = {**dataclasses.asdict(best), "us": round(us, 2),
                                "gbps": round(weight_bytes / us / 1e3, 1)}
             self._save(key)
@@ -103,21 +157,25 @@ class GemvTuner:
     def tune(self, w, out, *, norm, up, bias, accumulate) -> tuple[GemvConfig, float]:
         """The fastest candidate for this shape and its microseconds per product."""
         n, k = w.shape
-        copies = rotation_copies(w.numel() * w.element_size() * (2 if up else 1), self.device)
+        copies = rotation_copies(nbytes(w) * (2 if up else 1), self.device)
 
         generator = torch.Generator(device=self.device).manual_seed(n * k)
 
-        def draw(*shape, dtype=w.dtype):  # its own generator: tuning leaves torch's alone
+        # 16-bit activations of the weight's dtype (bf16 beside a quantised weight)
+        act = w.dtype if isinstance(w, torch.Tensor) else torch.bfloat16
+
+        def draw(*shape, dtype=act):  # its own generator: tuning leaves torch's alone
             return torch.empty(shape, dtype=dtype, device=self.device).normal_(
                 0, 0.02, generator=generator)
 
-        mats = [(draw(n, k), draw(n, k) if up else None) for _ in range(copies)]
+        mats = [(random_like(w, generator), random_like(w, generator) if up else None)
+                for _ in range(copies)]
         x = draw(k, dtype=torch.float32) if norm else draw(k)  # the residual stream is fp32
         extras = dict(norm=draw(k) if norm else None, eps=1e-6, bias=draw(n) if bias else None,
                       accumulate=accumulate)
         y = torch.zeros(n, dtype=out.dtype, device=self.device)
         results = []
-        for config in candidates(n, k, accumulate):
+        for config in candidates(n, k, accumulate, group_of(w), isinstance(w, Fp8Weight)):
             def run():
                 for m, u in mats:
                     gemv(x, m, y, config=config, up=u, **extras)

@@ -1,9 +1,14 @@
 """The decoder's weights in the engine's layout: q, k and v fused into one matrix (one product
 per layer instead of three), everything else as the checkpoint stores it ([out, in] rows).
 
+The decoder's linears are in one of the engine's formats (floorline.engine.quant): the 16-bit
+dtype, int4 or fp8; the LM head is 16-bit or fp8; embeddings, norms and biases stay 16-bit.
+
 Sources: a Hugging Face checkpoint directory (sharded safetensors, read straight onto the
-device), any mapping of Hugging Face names to tensors (a transformers model's state_dict, for
-the comparisons), or seeded random weights drawn on the device.
+device): 16-bit (quantised at load where another format is asked for), AutoAWQ GEMM or GPTQ int4
+(repacked), or fp8 with per-row or per-tensor scales; any mapping of Hugging Face names to
+tensors (a transformers model's state_dict, for the comparisons); or seeded random weights drawn
+on the device (int4 drawn in AWQ's layout and repacked, as a checkpoint's would be).
 """
 
 from __future__ import annotations
@@ -14,18 +19,22 @@ from typing import Callable
 
 import torch
 
+from floorline.engine import quant
 from floorline.errors import FloorlineError
+
+LINEARS = (("self_attn.", "qkv"), ("self_attn.", "o"), ("mlp.", "gate"), ("mlp.", "up"),
+           ("mlp.", "down"))
 
 
 @dataclass
-class LayerWeights:
-    wqkv: torch.Tensor
+class LayerWeights:  # matrices: a tensor, quant.Int4Weight or quant.Fp8Weight
+    wqkv: object
     bqkv: torch.Tensor | None
-    wo: torch.Tensor
+    wo: object
     bo: torch.Tensor | None
-    wgate: torch.Tensor
-    wup: torch.Tensor
-    wdown: torch.Tensor
+    wgate: object
+    wup: object
+    wdown: object
     ln1: torch.Tensor
     ln2: torch.Tensor
 
@@ -33,7 +42,7 @@ class LayerWeights:
 @dataclass
 class DecoderWeights:
     embed: torch.Tensor
-    head: torch.Tensor  # the embedding table itself when tied
+    head: object  # the embedding table itself when tied and 16-bit
     norm: torch.Tensor
     layers: list[LayerWeights]
 
@@ -46,31 +55,112 @@ class DecoderWeights:
         return self.embed.device
 
 
-def from_named(config, get: Callable[[str], torch.Tensor], device, dtype) -> DecoderWeights:
-    """Weights from Hugging Face parameter names; `get(name)` returns the tensor."""
+def from_named(config, get: Callable[[str], torch.Tensor], device, dtype, *,
+               weights: str = "bf16", head: str = "bf16", group_size: int = 128,
+               linear: Callable[[str], object] | None = None) -> DecoderWeights:
+    """Weights from Hugging Face parameter names; `get(name)` returns the tensor. The decoder's
+    linears are quantised to `weights` and the LM head to `head` (16-bit: `dtype` as it is);
+    `linear(prefix)`, where given, returns a linear already in its format (a packed
+    checkpoint's)."""
     def take(name):
         return get(name).to(device=device, dtype=dtype)
+
+    def matrix(prefix):
+        if linear is not None:
+            return linear(prefix)
+        return quant.quantize(take(prefix + ".weight"), weights, group_size)
 
     layers = []
     for i in range(config.layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
         layers.append(LayerWeights(
-            wqkv=torch.cat([take(a + f"{x}_proj.weight") for x in "qkv"]),
+            wqkv=quant.fuse_rows([matrix(a + f"{x}_proj") for x in "qkv"]),
             bqkv=torch.cat([take(a + f"{x}_proj.bias") for x in "qkv"]) if config.qkv_bias else None,
-            wo=take(a + "o_proj.weight"),
+            wo=matrix(a + "o_proj"),
             bo=take(a + "o_proj.bias") if config.o_bias else None,
-            wgate=take(p + "mlp.gate_proj.weight"), wup=take(p + "mlp.up_proj.weight"),
-            wdown=take(p + "mlp.down_proj.weight"),
+            wgate=matrix(p + "mlp.gate_proj"), wup=matrix(p + "mlp.up_proj"),
+            wdown=matrix(p + "mlp.down_proj"),
             ln1=take(p + "input_layernorm.weight"), ln2=take(p + "post_attention_layernorm.weight"),
         ))
     embed = take("model.embed_tokens.weight")
-    head = embed if config.tied else take("lm_head.weight")
-    return DecoderWeights(embed, head, take("model.norm.weight"), layers)
+    head_matrix = embed if config.tied else take("lm_head.weight")
+    return DecoderWeights(embed, quant.quantize(head_matrix, head), take("model.norm.weight"),
+                          layers)
 
 
-def load_checkpoint(directory: Path, config, device, dtype) -> DecoderWeights:
-    """A checkpoint directory's safetensors shards, each tensor read onto `device` as needed."""
+def checkpoint_format(qc: dict | None, name: str) -> str:
+    """How a checkpoint stores its linears, from its quantization_config: "bf16" (16-bit),
+    "awq" (AutoAWQ GEMM, 4 bits, group 128, zero points), "gptq" (v1, 4 bits, group 128,
+    act-order off) or "fp8" (float8 e4m3 with per-row or per-tensor scales, checked per
+    linear); anything else is refused in one line."""
+    if qc is None:
+        return "bf16"
+    method = qc.get("quant_method")
+    if method == "awq":
+        bits, group = qc.get("bits", qc.get("w_bit")), qc.get("group_size", qc.get("q_group_size"))
+        if (qc.get("version", "gemm").lower() != "gemm" or not qc.get("zero_point", True)
+                or bits != 4 or group != 128):
+            raise FloorlineError(f"{name}: the engine runs AutoAWQ GEMM checkpoints of 4 bits, "
+                                 f"group 128, with zero points (quantization_config: {qc})")
+        return "awq"
+    if method == "gptq":
+        if qc.get("bits") != 4 or qc.get("group_size") != 128:
+            raise FloorlineError(f"{name}: the engine runs GPTQ checkpoints of 4 bits, group 128 "
+                                 f"(quantization_config: {qc})")
+        if qc.get("desc_act") or qc.get("act_order"):
+            raise FloorlineError(f"{name}: GPTQ with act-order (desc_act) reorders the input "
+                                 "rows, which the engine does not run")
+        if qc.get("checkpoint_format", "gptq") != "gptq":
+            raise FloorlineError(f"{name}: GPTQ checkpoint format "
+                                 f"'{qc.get('checkpoint_format')}' (the engine reads v1, 'gptq')")
+        return "gptq"
+    if method in ("fp8", "fbgemm_fp8", "compressed-tensors"):
+        return "fp8"
+    raise FloorlineError(f"{name}: quantization method '{method}' is not one the engine runs "
+                         "(AWQ, GPTQ, fp8 with per-row scales)")
+
+
+ENGINE_FORMAT = {"bf16": "bf16", "awq": "int4", "gptq": "int4", "fp8": "fp8"}
+
+
+def _packed_linear(stored: str, get, has, directory, device, group_size):
+    """A loader of one linear from a pre-quantised checkpoint, or None for a 16-bit one."""
+    def fail(prefix, e):
+        return FloorlineError(f"{directory}: {prefix}: {e}")
+
+    if stored in ("awq", "gptq"):
+        names = ("qweight", "qzeros", "scales") + (("g_idx",) if stored == "gptq" else ())
+        convert = quant.int4_from_awq if stored == "awq" else quant.int4_from_gptq
+
+        def int4(prefix):
+            t = {n: get(f"{prefix}.{n}").to(device) for n in names
+                 if n != "g_idx" or has(f"{prefix}.{n}")}
+            try:
+                return convert(t, group_size)
+            except ValueError as e:
+                raise fail(prefix, e) from None
+        return int4
+    if stored == "fp8":
+        def fp8(prefix):
+            scale = prefix + ".weight_scale"
+            if not has(scale):
+                raise FloorlineError(f"{directory}: no {scale} beside the fp8 weight")
+            try:
+                return quant.fp8_from_checkpoint(get(prefix + ".weight").to(device),
+                                                 get(scale).to(device))
+            except ValueError as e:
+                raise fail(prefix, e) from None
+        return fp8
+    return None
+
+
+def load_checkpoint(directory: Path, config, device, dtype, *, weights: str | None = None,
+                    head: str = "bf16", quantization: dict | None = None,
+                    group_size: int = 128) -> DecoderWeights:
+    """A checkpoint directory's safetensors shards, each tensor read onto `device` as needed.
+    `weights` is the format to run (None: the checkpoint's own); a 16-bit checkpoint is
+    quantised to it at load, a quantised one must already be in it."""
     from safetensors import safe_open
 
     files = sorted(Path(directory).glob("*.safetensors"))
@@ -91,12 +181,24 @@ def load_checkpoint(directory: Path, config, device, dtype) -> DecoderWeights:
                                  "(the engine reads Hugging Face Llama/Qwen2/Mistral names)")
         return where[name].get_tensor(name)
 
-    return from_named(config, get, device, dtype)
+    stored = checkpoint_format(quantization, str(directory))
+    own = ENGINE_FORMAT[stored]
+    weights = weights or own
+    if own != "bf16" and weights != own:
+        raise FloorlineError(f"{directory} is a {stored} checkpoint of {own} weights; run it as "
+                             f"{own}, not {weights}")
+    linear = _packed_linear(stored, get, where.__contains__, directory, device, group_size)
+    return from_named(config, get, device, dtype, weights=weights, head=head,
+                      group_size=group_size, linear=linear)
 
 
-def random_weights(config, device, dtype, seed: int) -> DecoderWeights:
+def random_weights(config, device, dtype, seed: int, *, weights: str = "bf16",
+                   head: str = "bf16", group_size: int = 128) -> DecoderWeights:
     """Seeded normal(0, initializer_range) matrices and biases, norms near one, drawn on the
-    device (a 7B model in seconds on a GPU)."""
+    device (a 7B model in seconds on a GPU); int4 matrices are drawn in AWQ's layout with the
+    same spread and repacked, fp8 ones quantised from 16-bit draws."""
+    from floorline.layouts import awq
+
     generator = torch.Generator(device=device).manual_seed(seed)
     c = config
 
@@ -104,17 +206,23 @@ def random_weights(config, device, dtype, seed: int) -> DecoderWeights:
         return torch.empty(shape, device=device, dtype=dtype).normal_(mean, std,
                                                                        generator=generator)
 
+    def matrix(n, k):
+        if weights == "int4":
+            return quant.int4_from_awq(awq.random(n, k, group_size, generator, device,
+                                                  std=c.initializer_range), group_size)
+        return quant.quantize(normal(n, k), weights)
+
     def norm():
         return normal(c.hidden, mean=1.0, std=0.02)
 
     layers = [LayerWeights(
-        wqkv=normal(c.qkv_rows, c.hidden),
+        wqkv=matrix(c.qkv_rows, c.hidden),
         bqkv=normal(c.qkv_rows) if c.qkv_bias else None,
-        wo=normal(c.hidden, c.heads * c.head_dim),
+        wo=matrix(c.hidden, c.heads * c.head_dim),
         bo=normal(c.hidden) if c.o_bias else None,
-        wgate=normal(c.intermediate, c.hidden), wup=normal(c.intermediate, c.hidden),
-        wdown=normal(c.hidden, c.intermediate), ln1=norm(), ln2=norm(),
+        wgate=matrix(c.intermediate, c.hidden), wup=matrix(c.intermediate, c.hidden),
+        wdown=matrix(c.hidden, c.intermediate), ln1=norm(), ln2=norm(),
     ) for _ in range(c.layers)]
     embed = normal(c.vocab, c.hidden)
-    head = embed if c.tied else normal(c.vocab, c.hidden)
-    return DecoderWeights(embed, head, norm(), layers)
+    head_matrix = embed if c.tied else normal(c.vocab, c.hidden)
+    return DecoderWeights(embed, quant.quantize(head_matrix, head), norm(), layers)

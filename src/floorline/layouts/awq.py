@@ -38,5 +38,7 @@ def dequantize(t: dict, group_size: int):
     return dequantize_groups(q, zeros, t["scales"], group_size)
 
 
-def random(out_features: int, in_features: int, group_size: int, generator, device) -> dict:
-    return pack(*random_groups(out_features, in_features, group_size, generator, device), group_size)
+def random(out_features: int, in_features: int, group_size: int, generator, device,
+           std: float = 0.02) -> dict:
+    return pack(*random_groups(out_features, in_features, group_size, generator, device, std),
+                group_size)

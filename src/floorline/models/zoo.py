@@ -49,6 +49,16 @@ class ModelSpec:
         return replace(self, weights_dir=None)
 
 
+def quantisation_config(config) -> dict | None:
+    """A transformers config's quantization_config as a dict (the text model's or the
+    top-level one), or None for a 16-bit checkpoint."""
+    qc = (getattr(config.get_text_config(), "quantization_config", None)
+          or getattr(config, "quantization_config", None))
+    if qc is not None and not isinstance(qc, dict):
+        qc = qc.to_dict()
+    return qc
+
+
 def shipped_models() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
 

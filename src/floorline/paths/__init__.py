@@ -17,7 +17,8 @@ from floorline.paths.torchao import TorchaoInt4Path
 REGISTRY: dict[str, Path] = {p.name: p for p in (
     HFPath("dynamic"), HFPath("static"),
     BnbPath("nf4"), BnbPath("int8"), ExllamaV2Path(), AwqMarlinPath(), TorchaoInt4Path(),
-    LlamaCppPath("bf16"), LlamaCppPath("q4_0"), EnginePath(),
+    LlamaCppPath("bf16"), LlamaCppPath("q4_0"), EnginePath(), EnginePath("int4"),
+    EnginePath("fp8"), EnginePath("int4", "fp8"), EnginePath("fp8", "fp8"),
 )}
 
 

@@ -1,4 +1,6 @@
-"""`engine`: floorline's own runtime (floorline.engine) under the measurement contract."""
+"""`engine`: floorline's own runtime (floorline.engine) under the measurement contract, in
+16-bit (`engine`), int4 (`engine-int4`, group 128) and fp8 (`engine-fp8`) weights, each also with
+an fp8 LM head (`-fp8head`). A quantised path's realised reduction is measured against `engine`."""
 
 from __future__ import annotations
 
@@ -34,7 +36,15 @@ class EngineSession(Session):
 
 
 class EnginePath(Path):
-    name = "engine"
+    def __init__(self, weights: str = "bf16", head: str = "bf16"):
+        self.weights, self.head = weights, head
+        self.name = "engine" + ("" if weights == "bf16" else f"-{weights}") + \
+            ("-fp8head" if head == "fp8" else "")
+        if weights != "bf16" or head != "bf16":
+            from floorline.engine.quant import floor_format
+
+            self.reference = "engine"
+            self.weight_format = floor_format(weights, head)
 
     def unavailable(self, device: str) -> str | None:
         if device.startswith("cuda"):
@@ -42,6 +52,11 @@ class EnginePath(Path):
                 import triton  # noqa: F401
             except ImportError:
                 return "the engine's kernels need Triton on a CUDA device (pip install triton)"
+            import torch
+
+            fp8 = "fp8" in (self.weights, self.head)
+            if fp8 and torch.cuda.get_device_capability(torch.device(device)) < (8, 9):
+                return "the engine's fp8 kernels need compute capability 8.9 or newer"
         return None
 
     def versions(self) -> dict:
@@ -56,7 +71,8 @@ class EnginePath(Path):
         from floorline.engine.model import EngineUnsupported
 
         try:
-            engine = Engine(model, device, capacity, seed=seed)
+            engine = Engine(model, device, capacity, seed=seed, weights=self.weights,
+                            head=self.head)
         except EngineUnsupported as e:
             raise PathUnavailable(str(e)) from None
         return EngineSession(engine, device, seed)

@@ -14,6 +14,7 @@ import importlib.util
 from abc import abstractmethod
 
 from floorline.errors import FloorlineError
+from floorline.models.zoo import quantisation_config as model_quantisation
 from floorline.paths.hf import HFPath
 
 
@@ -47,11 +48,7 @@ def replace_linears(model, make) -> int:
 
 
 def quantisation_config(spec) -> dict | None:
-    config = spec.config.get_text_config()
-    qc = getattr(config, "quantization_config", None) or getattr(spec.config, "quantization_config", None)
-    if qc is not None and not isinstance(qc, dict):
-        qc = qc.to_dict()
-    return qc
+    return model_quantisation(spec.config)
 
 
 class QuantisedHFPath(HFPath):

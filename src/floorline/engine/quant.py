@@ -1,0 +1,222 @@
+"""The engine's weight formats beyond 16-bit: what each stores, how it is made, and the dense
+matrix it stands for (the reference every kernel is checked against).
+
+int4 (weight-only, group-wise, asymmetric): W[n, k] = (q[n, k] - zero[n, g]) * scale[n, g] for
+g = k // group_size, q and zero in 0..15 (16 where a GPTQ checkpoint stores it), computed in
+fp32. The layout is the one the GEMV streams: each output row's int4 values packed along K,
+eight to an int32, in groups of `group_size`. Inside a group, word i holds the values at
+k = i, i + W, ..., i + 7W (W = group_size / 8 words per group) in nibbles 0..7, so that one
+shift of a whole tile of words yields the values for one contiguous run of x. Rows are
+interleaved by four: the words of rows 4b..4b+3 at one position along K lie side by side, so
+that one 16-byte load gives a thread four rows against the same x (x is then read and summed
+once per four rows, not once per row).
+
+    qweight  int32 [N / 4, K / 8 * 4]     word (4b + r, p) at [b, 4p + r]
+    scales   fp16  [N, K / group_size]   (as AWQ and GPTQ store them)
+    zeros    uint8 [N, K / group_size]
+
+fp8 (weight-only, e4m3): W[n, k] = w8[n, k] * scale[n], one fp32 scale per output row.
+
+Sources: round-to-nearest quantisation of a 16-bit matrix (any checkpoint the engine runs), and
+the AWQ (AutoAWQ GEMM) and GPTQ (v1, act-order off) layouts, repacked once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FORMATS = ("bf16", "int4", "fp8")  # --weights; bf16 means the checkpoint's 16-bit matrices
+HEAD_FORMATS = ("bf16", "fp8")
+
+
+def floor_format(weights: str, head: str, dtype_format: str = "bf16") -> str:
+    """The floor's weight format (floorline.traffic.WEIGHT_FORMATS) of an engine running
+    `weights` linears and a `head` LM head; `dtype_format` names the 16-bit dtype."""
+    base = {"int4": "engine-int4-g128", "fp8": "engine-fp8"}.get(weights, dtype_format)
+    return base + ("-fp8head" if head == "fp8" else "")
+
+
+@dataclass
+class Int4Weight:
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.qweight.shape[0] * ROWS, self.qweight.shape[1] * 2
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.zeros))
+
+    @property
+    def device(self) -> torch.device:
+        return self.qweight.device
+
+    def dequantize(self, dtype=torch.float32) -> torch.Tensor:
+        q = unpack_rows(self.qweight, self.group_size)
+        g = torch.arange(q.shape[1], device=q.device) // self.group_size
+        w = (q - self.zeros.long()[:, g]).float() * self.scales.float()[:, g]
+        return w.to(dtype)
+
+
+@dataclass
+class Fp8Weight:
+    weight: torch.Tensor  # float8_e4m3fn [N, K]
+    scale: torch.Tensor  # fp32 [N]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.weight.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.numel() + self.scale.numel() * 4
+
+    @property
+    def device(self) -> torch.device:
+        return self.weight.device
+
+    def dequantize(self, dtype=torch.float32) -> torch.Tensor:
+        return (self.weight.float() * self.scale[:, None]).to(dtype)
+
+
+def dense(w, dtype=torch.float32) -> torch.Tensor:
+    """The matrix a weight of any format stands for."""
+    return w.to(dtype) if isinstance(w, torch.Tensor) else w.dequantize(dtype)
+
+
+def nbytes(w) -> int:
+    return w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes
+
+
+def format_of(w) -> str:
+    """A weight's name in FORMATS ("bf16" for any unquantised tensor)."""
+    return {Int4Weight: "int4", Fp8Weight: "fp8"}.get(type(w), "bf16")
+
+
+def fuse_rows(weights: list):
+    """One matrix from several of the same format stacked along N (q, k and v into qkv)."""
+    first = weights[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(weights)
+    if any(type(w) is not type(first) for w in weights):
+        raise ValueError("fuse_rows needs one format")
+    if isinstance(first, Int4Weight):
+        if any(w.group_size != first.group_size for w in weights):
+            raise ValueError("fuse_rows needs one group size")
+        return Int4Weight(*(torch.cat([getattr(w, f) for w in weights])
+                            for f in ("qweight", "scales", "zeros")), first.group_size)
+    return Fp8Weight(torch.cat([w.weight for w in weights]), torch.cat([w.scale for w in weights]))
+
+
+ROWS = 4  # rows interleaved in the int4 layout
+
+
+def pack_rows(q: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Integers 0..15 [N, K] -> the engine's int32 words [N / 4, K / 2] (layout above)."""
+    n, k = q.shape
+    words = group_size // 8
+    v = q.to(torch.int64).reshape(n, k // group_size, 8, words)  # [n, g, j, i]
+    shifts = (4 * torch.arange(8, device=q.device, dtype=torch.int64)).view(1, 1, 8, 1)
+    packed = (v << shifts).sum(2)  # disjoint bit fields: the sum is the bitwise or
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed)  # uint32 bits in an int32
+    packed = packed.to(torch.int32).reshape(n // ROWS, ROWS, k // 8)
+    return packed.transpose(1, 2).reshape(n // ROWS, k // 8 * ROWS).contiguous()
+
+
+def unpack_rows(qweight: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The engine's int32 words [N / 4, K / 2] -> integers 0..15 (int64) [N, K]."""
+    blocks = qweight.shape[0]
+    words = group_size // 8
+    w = qweight.reshape(blocks, -1, ROWS).transpose(1, 2).reshape(blocks * ROWS, -1)
+    w = (w.to(torch.int64) & 0xFFFFFFFF).reshape(blocks * ROWS, -1, 1, words)
+    shifts = (4 * torch.arange(8, device=qweight.device, dtype=torch.int64)).view(1, 1, 8, 1)
+    return ((w >> shifts) & 0xF).reshape(blocks * ROWS, -1)
+
+
+def int4_from_integers(q, zeros, scales, group_size: int) -> Int4Weight:
+    """q [N, K] 0..15, zeros and scales [N, G] -> the engine's int4 weight."""
+    n, k = q.shape
+    if k % group_size or group_size % 8 or group_size < 8:
+        raise ValueError(f"K={k} must be a multiple of the group size {group_size} (itself a "
+                         "multiple of 8)")
+    if n % ROWS:
+        raise ValueError(f"N={n} rows: the int4 layout interleaves rows by {ROWS}")
+    return Int4Weight(pack_rows(q, group_size), scales.to(torch.float16).contiguous(),
+                      zeros.to(torch.uint8).contiguous(), group_size)
+
+
+def quantize_int4(w: torch.Tensor, group_size: int = 128) -> Int4Weight:
+    """Round-to-nearest, asymmetric, per group of `group_size` along K (AutoAWQ's
+    pseudo_quantize without the activation-aware search): the group's range over 15 steps, the
+    zero point where 0.0 lands, both as stored (fp16 scale, integer zero)."""
+    n, k = w.shape
+    if k % group_size:
+        raise ValueError(f"K={k} is not a multiple of the group size {group_size}")
+    g = w.float().reshape(n, k // group_size, group_size)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scales = ((hi - lo).clamp(min=1e-5) / 15).to(torch.float16)
+    s = scales.float()
+    zeros = (-torch.round(lo / s)).clamp(0, 15)
+    q = (torch.round(g / s[..., None]) + zeros[..., None]).clamp(0, 15)
+    return int4_from_integers(q.reshape(n, k).long(), zeros.long(), scales, group_size)
+
+
+def quantize_fp8(w: torch.Tensor) -> Fp8Weight:
+    """One scale per output row: the row's largest magnitude maps to e4m3's largest value."""
+    wf = w.float()
+    scale = (wf.abs().amax(1) / FP8_MAX).clamp(min=1e-12)
+    return Fp8Weight((wf / scale[:, None]).to(torch.float8_e4m3fn), scale)
+
+
+def quantize(w: torch.Tensor, fmt: str, group_size: int = 128):
+    """A 16-bit matrix in the format `fmt` (bf16 keeps it as it is)."""
+    if fmt == "int4":
+        return quantize_int4(w, group_size)
+    if fmt == "fp8":
+        return quantize_fp8(w)
+    return w
+
+
+def int4_from_awq(t: dict, group_size: int) -> Int4Weight:
+    """AutoAWQ GEMM tensors (qweight [K, N/8], qzeros [G, N/8], scales [G, N]) repacked."""
+    from floorline.layouts import awq
+
+    q, zeros = awq.unpack(t)
+    return int4_from_integers(q, zeros.t(), t["scales"].t(), group_size)
+
+
+def int4_from_gptq(t: dict, group_size: int) -> Int4Weight:
+    """GPTQ v1 tensors (qweight [K/8, N], qzeros [G, N/8] holding zero - 1, scales [G, N],
+    g_idx [K]) repacked; a g_idx other than k // group_size (act-order) is refused."""
+    from floorline.layouts import gptq
+
+    k = t["qweight"].shape[0] * 8
+    if "g_idx" in t:
+        expected = torch.arange(k, device=t["g_idx"].device) // group_size
+        if not torch.equal(t["g_idx"].long(), expected):
+            raise ValueError("its g_idx reorders the input rows (act-order), which the engine "
+                             "does not run")
+    q, zeros = gptq.unpack(t)
+    return int4_from_integers(q, zeros.t(), t["scales"].t(), group_size)
+
+
+def fp8_from_checkpoint(weight: torch.Tensor, scale: torch.Tensor) -> Fp8Weight:
+    """A float8_e4m3fn matrix with a per-tensor or per-output-row scale, as compressed-tensors
+    and FBGEMM fp8 checkpoints store them; block-wise scales are refused."""
+    n = weight.shape[0]
+    if weight.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"weight is {weight.dtype}, not float8_e4m3fn")
+    s = scale.float().reshape(-1)
+    if s.numel() == 1:
+        s = s.expand(n)
+    elif s.numel() != n:
+        raise ValueError(f"weight_scale of shape {tuple(scale.shape)} is neither per tensor nor "
+                         f"per output row (block-wise scales are not supported)")
+    return Fp8Weight(weight.contiguous(), s.contiguous())

@@ -1,0 +1,353 @@
+"""The engine's int4 and fp8 weights: their layouts against independent arithmetic, AWQ and GPTQ
+repacking against the layouts' own dequantisers, and the GEMV kernels against a plain
+dequantise-then-multiply reference (Triton's interpreter on the CPU)."""
+
+import pytest
+import torch
+
+from floorline.engine import quant
+from floorline.engine.check import relative_error
+from floorline.engine.kernels.gemv import GemvConfig, gemv, gemv_reference
+from floorline.layouts import awq, gptq
+from floorline.layouts.int4 import random_groups
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_int4_packing_puts_each_value_where_the_layout_says():
+    group = 32
+    q = torch.randint(0, 16, (8, 64), generator=torch.Generator().manual_seed(0))
+    words = quant.pack_rows(q, group)
+    assert words.shape == (2, 32) and words.dtype == torch.int32
+    w = group // 8
+    for n, k in [(0, 0), (1, 5), (2, 37), (7, 63), (5, 31), (3, 40)]:
+        g, r = divmod(k, group)
+        j, i = divmod(r, w)
+        position = g * w + i  # the word's place along K in its row
+        word = int(words[n // 4, 4 * position + n % 4]) & 0xFFFFFFFF  # four rows interleaved
+        assert (word >> (4 * j)) & 0xF == q[n, k]
+    assert torch.equal(quant.unpack_rows(words, group), q)
+
+
+def test_int4_dequantises_as_zero_and_scale_say():
+    q = torch.tensor([[0, 15, 7, 8, 1, 2, 3, 4]]).repeat(4, 1)
+    zeros, scales = torch.tensor([[8], [0], [15], [3]]), torch.tensor([[0.5], [1], [2], [0.25]])
+    w = quant.int4_from_integers(q, zeros, scales, 8).dequantize()
+    assert torch.equal(w, (q - zeros).float() * scales)
+    with pytest.raises(ValueError, match="interleaves rows by 4"):
+        quant.int4_from_integers(q[:3], zeros[:3], scales[:3], 8)
+
+
+def test_round_to_nearest_int4_keeps_every_weight_within_half_a_step():
+    w = torch.randn(16, 256, generator=torch.Generator().manual_seed(1)) * 0.02
+    q = quant.quantize_int4(w, 128)
+    step = q.scales.float().repeat_interleave(128, dim=1)
+    err = (q.dequantize() - w).abs()
+    assert (err <= step / 2 + 1e-6).all()
+    assert q.zeros.max() <= 15 and q.nbytes == 16 * 256 // 2 + 16 * 2 * 2 + 16 * 2
+
+
+def test_fp8_rows_reach_e4m3s_range_and_round_to_it():
+    w = torch.randn(8, 64, generator=torch.Generator().manual_seed(2))
+    f = quant.quantize_fp8(w)
+    assert torch.allclose(f.weight.float().abs().amax(1), torch.full((8,), quant.FP8_MAX))
+    assert relative_error(f.dequantize(), w) < 0.04  # e4m3 keeps 3 mantissa bits
+
+
+@pytest.mark.parametrize("layout, convert", [(awq, quant.int4_from_awq),
+                                             (gptq, quant.int4_from_gptq)])
+def test_awq_and_gptq_repack_to_the_same_matrix(layout, convert):
+    g = torch.Generator().manual_seed(3)
+    q, zeros, scales = random_groups(48, 256, 128, g, "cpu")
+    if layout is gptq:
+        zeros = zeros.clamp(min=1)
+    tensors = layout.pack(q, zeros, scales, 128)
+    mine = convert(tensors, 128)
+    assert torch.equal(mine.dequantize(torch.float16), layout.dequantize(tensors, 128))
+
+
+def test_gptq_with_act_order_is_refused():
+    g = torch.Generator().manual_seed(4)
+    tensors = gptq.pack(*random_groups(16, 256, 128, g, "cpu"), 128)
+    tensors["g_idx"] = tensors["g_idx"].flip(0)
+    with pytest.raises(ValueError, match="act-order"):
+        quant.int4_from_gptq(tensors, 128)
+
+
+def test_fp8_checkpoint_scales_per_row_or_tensor_and_block_scales_refused():
+    w = torch.randn(4, 32).to(torch.float8_e4m3fn)
+    assert torch.equal(quant.fp8_from_checkpoint(w, torch.tensor([2.0])).scale, torch.full((4,), 2.0))
+    rows = torch.arange(1.0, 5.0)[:, None]
+    assert torch.equal(quant.fp8_from_checkpoint(w, rows).dequantize(), w.float() * rows)
+    with pytest.raises(ValueError, match="block-wise"):
+        quant.fp8_from_checkpoint(w, torch.ones(1, 2))
+
+
+def _draw(shape, g, dtype=torch.float32):
+    return torch.randn(shape, generator=g).to(DEVICE, dtype)
+
+
+def _weights(fmt, n, k, g, group):
+    w = _draw((n, k), g) * 0.05
+    return quant.quantize(w, fmt, group)
+
+
+GEMV_CONFIGS = [GemvConfig(8, 128), GemvConfig(16, 256, num_warps=8),
+                GemvConfig(4, 128, split_k=3), GemvConfig(8, 256, split_k=2)]
+GEMV_CASES = [(fmt, group, n, config)
+              for fmt, group in [("int4", 32), ("int4", 64), ("int4", 128), ("fp8", 0)]
+              for n in [40, 36, 37]  # even rows, ragged blocks, a ragged row count (fp8)
+              for config in GEMV_CONFIGS
+              if fmt == "fp8" or (n % 4 == 0 and config.block_k % group == 0)]
+
+
+@pytest.mark.parametrize("fmt, group, n, config", GEMV_CASES, ids=str)
+def test_quantised_gemv_fusions_match_the_reference(fmt, group, n, config):
+    g = torch.Generator().manual_seed(n + group)
+    k = 384  # 3 groups of 128: a block of two groups leaves a ragged last iteration
+    w, up = _weights(fmt, n, k, g, group or 128), _weights(fmt, n, k, g, group or 128)
+    x, norm, bias = _draw(k, g), _draw(k, g, torch.bfloat16), _draw(n, g, torch.bfloat16)
+    h = _draw(n, g)
+    cases = ([dict(accumulate=True), dict(bias=bias, accumulate=True)] if config.split_k > 1 else
+             [dict(), dict(norm=norm, eps=1e-6, bias=bias), dict(norm=norm, eps=1e-6, up=up),
+              dict(accumulate=True)])
+    for kwargs in cases:
+        if kwargs.get("accumulate"):
+            mine, ref = h.clone(), h.clone()
+        else:
+            mine = torch.full((n,), float("nan"), device=DEVICE)
+            ref = mine.clone()
+        gemv(x, w, mine, config=config, **kwargs)
+        gemv_reference(x, w, ref, **kwargs)
+        assert relative_error(mine, ref) < 1e-5, (fmt, kwargs.keys())
+
+
+def test_int4_gemv_refuses_a_block_that_splits_a_group():
+    g = torch.Generator().manual_seed(5)
+    w = _weights("int4", 8, 256, g, 128)
+    x, out = _draw(256, g), torch.zeros(8, device=DEVICE)
+    with pytest.raises(ValueError, match="groups of 128"):
+        gemv(x, w, out, config=GemvConfig(8, 64))
+    with pytest.raises(ValueError, match="share a format"):
+        gemv(x, w, out, config=GemvConfig(8, 128), up=w.dequantize())
+
+
+# --- the engine on quantised weights against transformers on the same (dequantised) weights ---
+
+from floorline.engine import Engine  # noqa: E402
+from floorline.engine.check import compare_with_transformers  # noqa: E402
+from floorline.errors import FloorlineError  # noqa: E402
+from floorline.models import build_model, resolve_model  # noqa: E402
+
+
+@pytest.mark.parametrize("name, weights, head, group", [
+    ("tiny-llama", "int4", "bf16", 128), ("tiny-qwen2", "int4", "bf16", 32),
+    ("tiny-llama", "fp8", "fp8", 128), ("tiny-mistral-swa", "int4", "fp8", 64),
+])
+def test_float32_quantised_logits_equal_transformers_on_the_dequantised_weights(
+        name, weights, head, group):
+    prompt = 250 if name == "tiny-mistral-swa" else 16  # the window is crossed
+    result = compare_with_transformers(resolve_model(name), "cpu", torch.float32,
+                                       prompt_len=prompt, steps=64, weights=weights, head=head,
+                                       group_size=group)
+    assert result.positions == 65 and result.argmax_agree == 65
+    assert max(result.errors) < 1e-4
+    # the quantisation error itself is measured, and is not nothing
+    assert len(result.quant_vs_16bit) == 65 and min(result.quant_vs_16bit) > 1e-4
+
+
+def test_bf16_int4_logits_stay_in_transformers_own_band():
+    r = compare_with_transformers(resolve_model("tiny-llama"), "cpu", torch.bfloat16,
+                                  prompt_len=16, steps=32, weights="int4").summary()
+    assert r["engine_vs_fp32_median"] < 2 * r["hf_vs_fp32_median"] + 1e-3
+    assert "quant_vs_16bit_median" in r
+
+
+def test_the_int4_kernels_decode_like_transformers():
+    r = compare_with_transformers(resolve_model("tiny-llama"), "cpu", torch.float32,
+                                  prompt_len=8, steps=6, backend="triton", graph=False,
+                                  weights="int4", head="fp8")
+    assert r.argmax_agree == r.positions == 7 and max(r.errors) < 1e-4
+
+
+def test_int4_needs_matrix_widths_that_hold_whole_groups():
+    with pytest.raises(FloorlineError, match="multiple of it"):
+        Engine(resolve_model("tiny-qwen2"), "cpu", 16, weights="int4")  # hidden 96
+    Engine(resolve_model("tiny-qwen2"), "cpu", 16, weights="int4", group_size=32)
+    with pytest.raises(FloorlineError, match="engine weights must be one of"):
+        Engine(resolve_model("tiny-llama"), "cpu", 16, weights="nf4")
+
+
+# --- checkpoints: AWQ and GPTQ loaded as they are, a 16-bit one quantised at load ---
+
+def _write_packed_checkpoint(directory, layout_name, group=128, **qc_extra):
+    """tiny-llama as an AutoAWQ GEMM or GPTQ v1 checkpoint with fp16 tensors; returns the
+    transformers model holding the matrices the packed tensors stand for."""
+    from safetensors.torch import save_file
+
+    from floorline.layouts import awq, gptq
+
+    layout = {"awq": awq, "gptq": gptq}[layout_name]
+    spec = resolve_model("tiny-llama")
+    hf = build_model(spec, "cpu", torch.float32, seed=5)
+    g = torch.Generator().manual_seed(6)
+    tensors = {}
+    head = hf.get_output_embeddings()
+    for name, module in hf.named_modules():
+        if not isinstance(module, torch.nn.Linear) or module is head:
+            continue
+        q, zeros, scales = random_groups(module.out_features, module.in_features, group, g, "cpu")
+        if layout_name == "gptq" and qc_extra.get("sym", True):
+            zeros = torch.full_like(zeros, 8)
+        packed = layout.pack(q, zeros, scales, group)
+        tensors.update({f"{name}.{k}": v for k, v in packed.items()})
+        # (q - zero) * scale in fp32, from the integers drawn (not through any unpacking)
+        cols = torch.arange(module.in_features) // group
+        module.weight.data.copy_((q - zeros.t()[:, cols]).float() * scales.float().t()[:, cols])
+    for name, p in hf.named_parameters():
+        if not any(name.startswith(k.rsplit(".", 1)[0] + ".") for k in tensors):
+            tensors[name] = p.data.to(torch.float16).contiguous()
+            p.data.copy_(tensors[name].float())  # the run's weights are the stored ones
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    config = hf.config.to_dict()
+    qc = ({"quant_method": "awq", "bits": 4, "group_size": group, "version": "gemm",
+           "zero_point": True} if layout_name == "awq" else
+          {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": False,
+           "sym": True, "checkpoint_format": "gptq"})
+    config["quantization_config"] = {**qc, **qc_extra}
+    config["torch_dtype"] = "float16"
+    (directory / "config.json").write_text(__import__("json").dumps(config))
+    return hf
+
+
+def _teacher_forced_errors(engine, hf, tokens):
+    """Relative error of the engine's logits against transformers' over a prompt and steps."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=hf.config)
+    with torch.no_grad():
+        mine = [engine.prefill(tokens[:8])]
+        for t in tokens[8:]:
+            engine.token.copy_(t.view(1))
+            engine.step()
+            mine.append(engine.logits.clone())
+        theirs = hf(input_ids=tokens[None], past_key_values=cache, use_cache=True).logits[0, 7:]
+    return [relative_error(m, t) for m, t in zip(mine, theirs)]
+
+
+@pytest.mark.parametrize("layout_name, extra", [("awq", {}), ("gptq", {}),
+                                                ("gptq", {"sym": False})])
+def test_packed_checkpoints_run_as_stored(tmp_path, layout_name, extra):
+    hf = _write_packed_checkpoint(tmp_path, layout_name, **extra)
+    spec = resolve_model(str(tmp_path))
+    engine = Engine(spec, "cpu", 32, dtype=torch.float32)  # weights: the checkpoint's own
+    assert quant.format_of(engine.decoder.w.layers[0].wdown) == "int4"
+    tokens = torch.randint(1024, (20,), generator=torch.Generator().manual_seed(7))
+    assert max(_teacher_forced_errors(engine, hf, tokens)) < 1e-4
+    with pytest.raises(FloorlineError, match="run it as int4, not fp8"):
+        Engine(spec, "cpu", 32, dtype=torch.float32, weights="fp8")
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"desc_act": True}, "act-order"), ({"bits": 8}, "4 bits, group 128"),
+    ({"checkpoint_format": "gptq_v2"}, "reads v1"),
+])
+def test_unsupported_gptq_variants_are_one_line(tmp_path, extra, message):
+    _write_packed_checkpoint(tmp_path, "gptq", **extra)
+    with pytest.raises(FloorlineError, match=message):
+        Engine(resolve_model(str(tmp_path)), "cpu", 32, dtype=torch.float32)
+
+
+def test_a_16bit_checkpoint_is_quantised_at_load(tmp_path):
+    spec = resolve_model("tiny-llama")
+    hf = build_model(spec, "cpu", torch.float32, seed=8)
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    engine = Engine(resolve_model(str(tmp_path)), "cpu", 32, dtype=torch.float32,
+                    weights="int4", head="fp8")
+    w = engine.decoder.w
+    direct = quant.quantize_int4(hf.model.layers[1].mlp.down_proj.weight.data, 128)
+    assert torch.equal(w.layers[1].wdown.qweight, direct.qweight)
+    assert quant.format_of(w.head) == "fp8" and quant.format_of(w.layers[0].wqkv) == "int4"
+
+
+def test_an_fp8_checkpoint_with_row_scales_loads_and_block_scales_are_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    spec = resolve_model("tiny-llama")
+    hf = build_model(spec, "cpu", torch.float32, seed=9)
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    (shard,) = tmp_path.glob("*.safetensors")
+    tensors = load_file(shard)
+    for name in [n for n in tensors if n.endswith("_proj.weight")]:
+        q = quant.quantize_fp8(tensors[name])
+        tensors[name], tensors[name + "_scale"] = q.weight, q.scale[:, None]
+    save_file(tensors, shard, metadata={"format": "pt"})
+    config = __import__("json").loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fbgemm_fp8"}
+    (tmp_path / "config.json").write_text(__import__("json").dumps(config))
+    engine = Engine(resolve_model(str(tmp_path)), "cpu", 32, dtype=torch.float32)
+    wo = engine.decoder.w.layers[0].wo
+    assert quant.format_of(wo) == "fp8"
+    assert torch.equal(wo.weight, tensors["model.layers.0.self_attn.o_proj.weight"])
+    name = "model.layers.1.mlp.up_proj.weight_scale"
+    tensors[name] = torch.ones(2, 2)
+    save_file(tensors, shard, metadata={"format": "pt"})
+    with pytest.raises(FloorlineError, match="up_proj: weight_scale of shape"):
+        Engine(resolve_model(str(tmp_path)), "cpu", 32, dtype=torch.float32)
+
+
+def test_quantised_engine_paths_are_cells_against_their_own_floor(cli, tmp_path):
+    import json
+
+    from floorline.traffic import WEIGHT_FORMATS, count_parameters, weight_bytes
+
+    db = tmp_path / "q.db"
+    cli("sweep", "--db", db, "--models", "tiny-llama,tiny-qwen2", "--ctx", "16", "--paths",
+        "engine,engine-int4,engine-fp8-fp8head", "--steps", "3", "--warmup", "1",
+        "--device", "cpu", check=True)
+    rows = {(r["model"], r["path"]): r for r in json.loads(cli("show", "--db", db, "--json",
+                                                               check=True).stdout)}
+    assert rows["tiny-qwen2", "engine-int4"]["status"] == "invalid"
+    assert "multiple of it" in rows["tiny-qwen2", "engine-int4"]["reason"]
+    cell = rows["tiny-llama", "engine-int4"]
+    assert cell["status"] == "valid" and cell["weight_format"] == "engine-int4-g128"
+    # the floor's bytes: every linear at 4 bits + 24 bits per 128, the rest 16-bit
+    counts = count_parameters(resolve_model("tiny-llama"))
+    linear = sum(o * i for o, i in counts.linear_shapes)
+    sixteen = weight_bytes(counts, WEIGHT_FORMATS["bf16"])
+    assert cell["weight_bytes"] == round(sixteen - 2 * linear + linear * (4 + 24 / 128) / 8)
+    fp8 = rows["tiny-llama", "engine-fp8-fp8head"]
+    vocab, hidden = 1024, 128
+    rows_out = sum(o for o, _ in counts.linear_shapes)
+    assert fp8["weight_bytes"] == round(sixteen - linear - vocab * hidden + rows_out * 4
+                                        + vocab * 4)
+    # realised reduction against `engine` in the same run
+    assert cell["reduction"]["reference_path"] == "engine"
+    assert cell["reduction"]["realised"] == pytest.approx(
+        rows["tiny-llama", "engine"]["median_ms"] / cell["median_ms"])
+
+
+def test_int4_tuning_candidates_are_whole_groups_and_row_blocks():
+    from floorline.engine.tuning import candidates, interpreter_config
+
+    for n, k in [(4608, 3584), (3584, 18944), (64, 128), (40, 384)]:
+        for accumulate in (False, True):
+            configs = candidates(n, k, accumulate, group=128)
+            assert configs
+            for c in configs:
+                groups = c.block_k // 128
+                assert c.block_k % 128 == 0 and groups & (groups - 1) == 0
+                assert c.block_n % 4 == 0
+                assert c.split_k == 1 or (accumulate and c.split_k * c.block_k <= k)
+    assert interpreter_config(96, group=32).block_k == 128  # 3 groups of 32 -> 4 per block
+    assert interpreter_config(3584, group=128).block_k == 256
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int4", "fp8"])
+def test_tuning_draws_weights_of_the_same_shape_and_bytes(fmt):
+    from floorline.engine.tuning import random_like
+
+    w = quant.quantize(torch.randn(48, 256, dtype=torch.bfloat16), fmt)
+    other = random_like(w, torch.Generator().manual_seed(0))
+    assert type(other) is type(w) and other.shape == w.shape
+    assert quant.nbytes(other) == quant.nbytes(w)
