@@ -12,6 +12,7 @@
 #   bash bench/h200_engine.sh quant     the engine's int4 and fp8 paths beside engine bf16: their
 #                                       kernels at the Qwen2.5-7B shapes, then the sweep
 #   bash bench/h200_engine.sh quant-check   their logits against transformers on dequantised weights
+#   bash bench/h200_engine.sh prefill   time to first token and peak memory of long prompts
 # Files for the results folder go to $OUT (the device tool's) or bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +42,13 @@ case ${1:?stage} in
     WEIGHTS=fp8 MODELS=qwen2.5-7b bash "$0" kernels || echo "stage failed"
     fl sweep --db "$DB" --models "$MODELS" --ctx "$CTX" \
       --paths "${PATHS:-engine,engine-int4,engine-fp8,engine-int4-fp8head}" || echo "stage failed" ;;
+  prefill)
+    python3 bench/engine_prefill.py --model qwen2.5-7b --ctx 2048,16384,32000 --chunk 2048 8192 \
+      --json "$DEST/h200_engine_prefill_qwen2.5-7b.json"
+    python3 bench/engine_prefill.py --model qwen2.5-7b --ctx 32000 --chunk 2048 --weights int4 \
+      --json "$DEST/h200_engine_prefill_qwen2.5-7b_int4.json"
+    python3 bench/engine_prefill.py --model llama-3.1-8b --ctx 32000,131000 --chunk 8192 \
+      --json "$DEST/h200_engine_prefill_llama-3.1-8b.json" ;;
   quant-check) python3 bench/engine_check.py --quantised --json "$DEST/h200_engine_quant_check.json" ;;
   explain)
     for p in ${EXPLAIN_PATHS:-engine}; do for m in ${MODELS//,/ }; do for c in ${CTX//,/ }; do

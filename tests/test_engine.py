@@ -202,3 +202,27 @@ def test_a_broken_tuning_table_is_one_line(tmp_path, monkeypatch, text):
     (tmp_path / "engine-gemv.json").write_text(text)
     with pytest.raises(FloorlineError, match="delete it to tune again"):
         GemvTuner("cpu")
+
+
+@pytest.mark.parametrize("name, n, chunk", [("tiny-llama", 40, 7), ("tiny-qwen2", 33, 16),
+                                            ("tiny-mistral-swa", 300, 64)])
+def test_chunked_prefill_equals_one_pass(name, n, chunk):
+    # the window of tiny-mistral-swa (256) is crossed inside a chunk and by whole chunks
+    spec = resolve_model(name)
+    whole = Engine(spec, "cpu", n + 4, dtype=torch.float32)
+    tokens = torch.randint(whole.config.vocab, (n,), generator=torch.Generator().manual_seed(n))
+    chunked = Engine(spec, "cpu", n + 4, dtype=torch.float32)
+    a, b = whole.prefill(tokens), None
+    b = chunked.decoder.prefill(tokens, chunk=chunk)
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+    for cache in ("k_cache", "v_cache"):
+        mine, theirs = getattr(chunked.decoder, cache), getattr(whole.decoder, cache)
+        assert torch.allclose(mine[:, :, :n], theirs[:, :, :n], rtol=1e-5, atol=1e-5)
+    assert chunked.position.item() == n and chunked.token.item() == whole.token.item()
+    # and the steps after it decode alike
+    for engine in (whole, chunked):
+        engine.filled = n
+        engine.step()
+    assert torch.allclose(whole.logits, chunked.logits, rtol=1e-5, atol=1e-5)
+    with pytest.raises(FloorlineError, match="chunk must be at least 1"):
+        chunked.decoder.prefill(tokens, chunk=0)

@@ -56,7 +56,8 @@ class GenerationResult:
         n = len(self.ids)
         parts = [f"{n} new token{'s' if n > 1 else ''}"
                  + (" (stopped at EOS)" if self.stopped_at_eos else ""),
-                 f"prefill {self.prefill_ms:.1f} ms"]
+                 f"prefill {self.prefill_ms:.1f} ms ({len(self.prompt_ids) / self.prefill_ms * 1e3:.0f} "
+                 "tokens/s)"]
         if self.steps:
             parts.append(f"decode {self.ms_per_token:.3f} ms/token")
             if self.device_ms is not None:

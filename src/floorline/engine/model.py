@@ -15,8 +15,9 @@ single CUDA graph:
 
 `ops` is the kernels (floorline.engine.ops.TritonOps) or their PyTorch references
 (ReferenceOps, the CPU path); both take the same buffers. W is 16-bit, int4 or fp8
-(floorline.engine.quant); the kernels read it as stored. Prefill runs whole-sequence PyTorch on
-the same weights, a quantised matrix dequantised to the 16-bit dtype for its product.
+(floorline.engine.quant); the kernels read it as stored. Prefill runs PyTorch on the same weights,
+chunk by chunk (bounded memory whatever the prompt's length), a quantised matrix dequantised to
+the 16-bit dtype for its product.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def inverse_frequencies(config: DecoderConfig) -> torch.Tensor:
 
 
 ATTENTION_BLOCK_T = 64  # cached tokens per iteration of the attention kernel
+PREFILL_CHUNK = 2048  # prompt tokens per prefill pass
 
 
 def attention_splits(kv_heads: int, device, per_sm: int = 2) -> int:
@@ -173,37 +175,51 @@ class Decoder:
         self.sampler(self.logits, self.token)
         self.pos.add_(1)
 
-    def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
+    def prefill(self, tokens: torch.Tensor, chunk: int = PREFILL_CHUNK) -> torch.Tensor:
         """Run `tokens` (1-D) through the model from position 0, fill the cache, sample the next
-        token into `token`, set `pos`; returns the last position's logits (fp32)."""
+        token into `token`, set `pos`; returns the last position's logits (fp32).
+
+        The prompt goes through in chunks of `chunk` tokens, every layer for one chunk before
+        the next, so that activations, products and attention scores scale with the chunk and
+        not with the prompt: a chunk's queries attend to the cache written so far."""
         c, w = self.config, self.w
         n = tokens.numel()
         if n == 0 or n >= self.capacity:
             raise FloorlineError(f"prefill of {n} tokens into a cache of {self.capacity}")
-        x = w.embed[tokens].float()
-        positions = torch.arange(n, device=x.device)
-        cos, sin = self.cos[positions], self.sin[positions]
-        dt = w.dtype
-        for i, layer in enumerate(w.layers):
-            qkv = _linear(_rms_norm(x, layer.ln1, c.eps), layer.wqkv, layer.bqkv, dt)
-            q, k, v = qkv.split([c.heads * c.head_dim, c.kv_heads * c.head_dim,
-                                 c.kv_heads * c.head_dim], dim=-1)
-            q = _rotate(q.view(n, c.heads, c.head_dim), cos, sin).to(w.dtype)
-            k = _rotate(k.view(n, c.kv_heads, c.head_dim), cos, sin).to(w.dtype)
-            v = v.view(n, c.kv_heads, c.head_dim).to(w.dtype)
-            self.k_cache[i, :, :n] = k.transpose(0, 1)
-            self.v_cache[i, :, :n] = v.transpose(0, 1)
-            o = _causal_attention(q, k, v, c.windows[i], self.scale)
-            x = x + _linear(o.transpose(0, 1).reshape(n, -1), layer.wo, layer.bo, dt).float()
-            hn = _rms_norm(x, layer.ln2, c.eps)
-            act = (torch.nn.functional.silu(_linear(hn, layer.wgate, None, dt))
-                   * _linear(hn, layer.wup, None, dt))
-            x = x + _linear(act, layer.wdown, None, dt).float()
+        if chunk < 1:
+            raise FloorlineError(f"prefill chunk must be at least 1 token, got {chunk}")
+        for start in range(0, n, chunk):
+            x = self._prefill_chunk(tokens[start:start + chunk], start)
         # The last position's logits by the decode step's own head product (fp32 out).
         self.ops.gemv(x[-1].contiguous(), w.head, self.logits, norm=w.norm, eps=c.eps)
         self.sampler(self.logits, self.token)
         self.pos.fill_(n)
         return self.logits.clone()
+
+    def _prefill_chunk(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """Positions start .. start + len(tokens) - 1 through every layer; their K and V into
+        the cache; returns the chunk's residual stream (fp32)."""
+        c, w, dt = self.config, self.w, self.w.dtype
+        m = tokens.numel()
+        end = start + m
+        x = w.embed[tokens].float()
+        cos, sin = self.cos[start:end], self.sin[start:end]
+        for i, layer in enumerate(w.layers):
+            qkv = _linear(_rms_norm(x, layer.ln1, c.eps), layer.wqkv, layer.bqkv, dt)
+            q, k, v = qkv.split([c.heads * c.head_dim, c.kv_heads * c.head_dim,
+                                 c.kv_heads * c.head_dim], dim=-1)
+            q = _rotate(q.view(m, c.heads, c.head_dim), cos, sin).to(dt)
+            k = _rotate(k.view(m, c.kv_heads, c.head_dim), cos, sin).to(dt)
+            self.k_cache[i, :, start:end] = k.transpose(0, 1)
+            self.v_cache[i, :, start:end] = v.view(m, c.kv_heads, c.head_dim).transpose(0, 1)
+            o = _chunk_attention(q, self.k_cache[i, :, :end], self.v_cache[i, :, :end], start,
+                                 c.windows[i], self.scale)
+            x = x + _linear(o.transpose(0, 1).reshape(m, -1), layer.wo, layer.bo, dt).float()
+            hn = _rms_norm(x, layer.ln2, c.eps)
+            act = (torch.nn.functional.silu(_linear(hn, layer.wgate, None, dt))
+                   * _linear(hn, layer.wup, None, dt))
+            x = x + _linear(act, layer.wdown, None, dt).float()
+        return x
 
 
 def _rms_norm(x, weight, eps):
@@ -221,15 +237,23 @@ def _rotate(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def _causal_attention(q, k, v, window: int | None, scale: float):
-    """[n, heads, d] -> [heads, n, d]; K and V repeated per query head so that SDPA's fused
-    kernels take it, and a mask only where a sliding window needs one."""
-    group = q.shape[1] // k.shape[1]
-    q, k, v = (t.transpose(0, 1) for t in (q, k, v))
-    k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
-    if window is None:
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                scale=scale)
-    i = torch.arange(q.shape[1], device=q.device)
-    mask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+def _chunk_attention(q, k, v, start: int, window: int | None, scale: float):
+    """Queries [m, heads, d] at positions start .. start + m - 1 against the cached keys and
+    values [kv_heads, start + m, d] -> [heads, m, d]. As 4-D tensors with K and V repeated per
+    query head, SDPA takes a fused kernel (flash for the first chunk, which needs no mask beyond
+    causality; memory-efficient with the mask after it), so that no [heads, m, start + m] score
+    tensor is made on a GPU."""
+    group = q.shape[1] // k.shape[0]
+    q = q.transpose(0, 1)[None]
+    k, v = (t.repeat_interleave(group, dim=0)[None] for t in (k, v))
+    if start == 0 and window is None:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                               scale=scale)
+        return out[0]
+    query = start + torch.arange(q.shape[2], device=q.device)[:, None]
+    key = torch.arange(k.shape[2], device=q.device)[None, :]
+    mask = key <= query
+    if window is not None:
+        mask &= key > query - window
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                            scale=scale)[0]
