@@ -13,6 +13,7 @@
 #                                       kernels at the Qwen2.5-7B shapes, then the sweep
 #   bash bench/h200_engine.sh quant-check   their logits against transformers on dequantised weights
 #   bash bench/h200_engine.sh prefill   time to first token and peak memory of long prompts
+#   bash bench/h200_engine.sh longctx   decode at the models' full context (Qwen2.5-7B 32000, Llama-3.1-8B 131000)
 # Files for the results folder go to $OUT (the device tool's) or bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +50,9 @@ case ${1:?stage} in
       --json "$DEST/h200_engine_prefill_qwen2.5-7b_int4.json"
     python3 bench/engine_prefill.py --model llama-3.1-8b --ctx 32000,131000 --chunk 8192 \
       --json "$DEST/h200_engine_prefill_llama-3.1-8b.json" ;;
+  longctx)
+    fl sweep --db "${DB%.db}_longctx.db" --models qwen2.5-7b --ctx 32000 --paths engine,engine-int4
+    fl sweep --db "${DB%.db}_longctx.db" --models llama-3.1-8b --ctx 65536,131000 --paths engine ;;
   quant-check) python3 bench/engine_check.py --quantised --json "$DEST/h200_engine_quant_check.json" ;;
   explain)
     for p in ${EXPLAIN_PATHS:-engine}; do for m in ${MODELS//,/ }; do for c in ${CTX//,/ }; do
