@@ -96,6 +96,13 @@ WEIGHT_FORMATS = {
 KV_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 
 
+def engine_weight_format(weights: str, head: str, dtype_format: str = "bf16") -> str:
+    """The weight format of floorline's engine running `weights` linears (bf16, int4, fp8) and a
+    `head` LM head (bf16, fp8); `dtype_format` names its 16-bit dtype."""
+    base = {"int4": "engine-int4-g128", "fp8": "engine-fp8"}.get(weights, dtype_format)
+    return base + ("-fp8head" if head == "fp8" else "")
+
+
 @dataclass(frozen=True)
 class ParamCounts:
     total: int  # unique parameters (a tied table once)

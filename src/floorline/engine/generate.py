@@ -148,7 +148,7 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
     `on_text` receives the decoded text piece by piece as it comes. `weights` (int4, fp8, bf16;
     None: the checkpoint's own format) and `head` (bf16, fp8) choose the engine's formats; a
     16-bit checkpoint is quantised at load."""
-    from floorline.engine.quant import floor_format
+    from floorline.traffic import engine_weight_format
     from floorline.engine.runtime import Engine
     from floorline.models import resolve_model
     from floorline.models.zoo import SOURCES
@@ -181,7 +181,7 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
         torch.cuda.set_device(device)  # the kernels, the graph and the events use the current GPU
     engine = Engine(spec, device, capacity, dtype=DTYPES[dtype][0], sampler=sampler,
                     weights=weights, head=head)
-    weight_format = floor_format(engine.weights, engine.head, DTYPES[dtype][1])
+    weight_format = engine_weight_format(engine.weights, engine.head, DTYPES[dtype][1])
     stream = TextStream(tokenizer, on_text)
 
     torch.manual_seed(seed)

@@ -32,13 +32,6 @@ FORMATS = ("bf16", "int4", "fp8")  # --weights; bf16 means the checkpoint's 16-b
 HEAD_FORMATS = ("bf16", "fp8")
 
 
-def floor_format(weights: str, head: str, dtype_format: str = "bf16") -> str:
-    """The floor's weight format (floorline.traffic.WEIGHT_FORMATS) of an engine running
-    `weights` linears and a `head` LM head; `dtype_format` names the 16-bit dtype."""
-    base = {"int4": "engine-int4-g128", "fp8": "engine-fp8"}.get(weights, dtype_format)
-    return base + ("-fp8head" if head == "fp8" else "")
-
-
 @dataclass
 class Int4Weight:
     qweight: torch.Tensor

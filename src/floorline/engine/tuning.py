@@ -33,9 +33,6 @@ SHIPPED = Path(__file__).parent / "tuned"
 SHAPES = [(1, 2048, 4), (2, 1024, 4), (2, 2048, 8), (4, 512, 4), (4, 1024, 4), (4, 1024, 8),
           (8, 256, 4), (8, 512, 4), (8, 512, 8), (16, 256, 4), (16, 512, 8)]
 SPLITS = [(4, 512, 4, 2), (8, 256, 4, 2), (4, 512, 4, 4), (8, 256, 4, 4), (2, 1024, 4, 4)]
-# fp8 reads half the bytes per weight of bf16, so wider tiles and more warps keep as many bytes
-# in flight
-FP8_SHAPES = [(8, 1024, 8), (16, 512, 8), (16, 1024, 8), (32, 512, 8), (4, 2048, 8)]
 # int4: (block_n, groups per iteration, warps); a program's tile is block_n x groups x 64 bytes
 # (group 128). Tiles that Triton 3.6 lays out without shared-memory shuffles in the loop (read
 # from the compiled code); splits as above where the product accumulates.
@@ -44,8 +41,7 @@ INT4_SHAPES = [(4, 4, 4), (8, 2, 4), (8, 4, 4), (16, 2, 4), (16, 4, 4), (16, 4, 
 INT4_SPLITS = [(8, 4, 4, 2), (16, 2, 4, 2), (16, 4, 4, 2), (8, 4, 4, 4), (16, 2, 4, 4)]
 
 
-def candidates(n: int, k: int, accumulate: bool, group: int | None = None,
-               fp8: bool = False) -> list[GemvConfig]:
+def candidates(n: int, k: int, accumulate: bool, group: int | None = None) -> list[GemvConfig]:
     """The tables above, blocks no wider than K (rounded up to a power of two); `group` is an
     int4 weight's group size (None for 16-bit and fp8)."""
     if group is not None:
@@ -56,8 +52,7 @@ def candidates(n: int, k: int, accumulate: bool, group: int | None = None,
                     for bn, g, w in INT4_SHAPES[2:6] for stages in (2, 4)]
         return list(dict.fromkeys(c for c in configs if c.fits(k, accumulate)))
     widest = max(16, triton.next_power_of_2(k))
-    configs = [GemvConfig(bn, min(bk, widest), w)
-               for bn, bk, w in SHAPES + (FP8_SHAPES if fp8 else [])]
+    configs = [GemvConfig(bn, min(bk, widest), w) for bn, bk, w in SHAPES]
     configs += [GemvConfig(bn, bk, w, s) for bn, bk, w, s in SPLITS]
     configs += [GemvConfig(bn, min(bk, widest), w, 1, stages)
                 for bn, bk, w in SHAPES[3:6] for stages in (2, 4)]
@@ -175,7 +170,7 @@ class GemvTuner:
                       accumulate=accumulate)
         y = torch.zeros(n, dtype=out.dtype, device=self.device)
         results = []
-        for config in candidates(n, k, accumulate, group_of(w), isinstance(w, Fp8Weight)):
+        for config in candidates(n, k, accumulate, group_of(w)):
             def run():
                 for m, u in mats:
                     gemv(x, m, y, config=config, up=u, **extras)

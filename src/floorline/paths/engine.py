@@ -5,6 +5,7 @@ an fp8 LM head (`-fp8head`). A quantised path's realised reduction is measured a
 from __future__ import annotations
 
 from floorline.paths.base import Path, PathUnavailable, Session
+from floorline.traffic import engine_weight_format
 
 
 class EngineSession(Session):
@@ -41,10 +42,8 @@ class EnginePath(Path):
         self.name = "engine" + ("" if weights == "bf16" else f"-{weights}") + \
             ("-fp8head" if head == "fp8" else "")
         if weights != "bf16" or head != "bf16":
-            from floorline.engine.quant import floor_format
-
             self.reference = "engine"
-            self.weight_format = floor_format(weights, head)
+            self.weight_format = engine_weight_format(weights, head)
 
     def unavailable(self, device: str) -> str | None:
         if device.startswith("cuda"):
