@@ -22,9 +22,6 @@ import torch
 from floorline.engine import quant
 from floorline.errors import FloorlineError
 
-LINEARS = (("self_attn.", "qkv"), ("self_attn.", "o"), ("mlp.", "gate"), ("mlp.", "up"),
-           ("mlp.", "down"))
-
 
 @dataclass
 class LayerWeights:  # matrices: a tensor, quant.Int4Weight or quant.Fp8Weight
