@@ -36,3 +36,62 @@ def test_a_database_from_a_newer_floorline_is_refused(tmp_path):
     sqlite3.connect(path).execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     with pytest.raises(FloorlineError, match="newer floorline"):
         Store(path)
+
+
+class Session:  # what Store.add_ab_session reads of an A/B session
+    def __init__(self, index):
+        self.index, self.status, self.reason, self.first_arm = index, VALID, None, "a"
+        self.ms_a, self.ms_b, self.ratio = 2.0, 1.0, 2.0
+        self.samples_a, self.samples_b = [2.0], [1.0]
+
+
+def test_merge_copies_each_result_once_and_keeps_where_it_came_from(tmp_path, cli):
+    import json
+
+    a, b, out = tmp_path / "a.db", tmp_path / "b.db", tmp_path / "out.db"
+    first = Store(a)
+    first.add(cell(8), {"torch": "x"}, "env-a")
+    first.add(cell(16, INVALID), {"torch": "x"}, "env-a")
+    experiment = first.start_ab({"a": "p", "b": "q", "model": "m", "ctx": 8, "gpu": "l4",
+                                 "paired": True}, {"torch": "x"}, "env-a")
+    for i in range(3):
+        first.add_ab_session(experiment, Session(i))
+    first.finish_ab(experiment, {"speedup": 2.0})
+    first.add_probe("cpu", {"read_gbps": 10.0}, {"torch": "x"}, "env-a")
+    second = Store(b)
+    second.add(cell(8), {"torch": "y"}, "env-b")
+    first.close(), second.close()
+
+    proc = cli("merge", out, a, b, check=True)
+    assert "2 cells, 1 ab experiments, 1 probes" in proc.stdout and "3 cells in" in proc.stdout
+    merged = Store(out)
+    rows = merged.rows(latest=False)
+    assert [(r["ctx"], r["fingerprint_key"]) for r in rows] == [(8, "env-a"), (16, "env-a"),
+                                                                 (8, "env-b")]
+    assert rows[0]["details"]["merged_from"] == {"file": "a.db", "id": 1}
+    assert rows[0]["samples_ms"] == [1.0, 2.0, 3.0]
+    sessions = merged.db.execute("SELECT experiment_id, idx FROM ab_sessions").fetchall()
+    assert sessions == [(1, 0), (1, 1), (1, 2)]
+    assert merged.ab_summaries() == [{"id": 1, "speedup": 2.0}]
+    merged.close()
+    # merging again adds nothing; a source is never written
+    proc = cli("merge", out, a, b, check=True)
+    assert proc.stdout.count("nothing new") == 2 and "3 cells in" in proc.stdout
+    assert json.loads(cli("show", "--db", a, "--json", check=True).stdout)[0].get(
+        "details", {}).get("merged_from") is None
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "no results database at"), ("not-sqlite", "cannot read"),
+    ("other-sqlite", "not a floorline results database"), ("self", "both the target and a source"),
+])
+def test_merge_refuses_what_is_not_a_results_database(tmp_path, cli, case, message):
+    out, source = tmp_path / "out.db", tmp_path / "in.db"
+    if case == "not-sqlite":
+        source.write_text("hello, not a database" * 100)
+    elif case == "other-sqlite":
+        sqlite3.connect(source).execute("CREATE TABLE t (x)")
+    elif case == "self":
+        source = out
+    proc = cli("merge", out, source)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr

@@ -493,6 +493,25 @@ def show(
         out.print(cells_table(rows, str(db), store.probes()))
 
 
+@app.command("merge")
+def merge_cmd(
+    target: Annotated[Path, typer.Argument(help="The database to merge into (made if absent).")],
+    sources: Annotated[list[Path], typer.Argument(help="Databases to merge from (read only).")],
+) -> None:
+    """Merge results databases into one: every cell, A/B experiment, explanation and probe the
+    target does not already hold; each merged cell records the file and row it came from."""
+    from floorline.store import Store, merge
+
+    resolved = target.resolve()
+    if any(s.resolve() == resolved for s in sources):
+        raise FloorlineError(f"{target} is both the target and a source")
+    store = Store(target)
+    for source, copied in merge(store, sources).items():
+        counts = ", ".join(f"{n} {table.replace('_', ' ')}" for table, n in copied.items() if n)
+        out.print(f"{escape(source)}: {escape(counts) if counts else 'nothing new'}")
+    out.print(f"{len(store.rows(latest=False))} cells in {escape(str(target))}")
+
+
 @app.command("generate")
 def generate_cmd(
     model: Annotated[str, typer.Option(help="Checkpoint directory: config.json, *.safetensors and a tokenizer.")],

@@ -186,3 +186,81 @@ class Store:
                 row[k] = json.loads(row[k])
             out.append(row)
         return out
+
+
+# What makes two rows the same result, per table (every column but the row id, and for cells
+# the details, where a merge records where the row came from).
+IDENTITY = {
+    "cells": [c for c in COLUMNS if c not in ("id", "details")],
+    "ab_experiments": ["a", "b", "model", "ctx", "gpu", "paired", "plan", "fingerprint_key",
+                       "started_at"],
+    "explanations": ["model", "ctx", "path", "gpu", "fingerprint_key", "results", "finished_at"],
+    "probes": ["device", "fingerprint_key", "results", "finished_at"],
+}
+
+
+def _open_source(path: Path) -> sqlite3.Connection:
+    """A database to merge from, read-only; one line if it is not a floorline database."""
+    if not path.is_file():
+        raise FloorlineError(f"no results database at {path}")
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.DatabaseError as e:
+        raise FloorlineError(f"cannot read {path} as a results database: {e}") from None
+    if version > SCHEMA_VERSION:
+        raise FloorlineError(f"{path} was written by a newer floorline (schema {version}, this "
+                             f"one reads {SCHEMA_VERSION})")
+    if "cells" not in tables:
+        raise FloorlineError(f"{path} is not a floorline results database (no cells table)")
+    return db
+
+
+def merge(target: Store, sources: list[Path]) -> dict[str, dict[str, int]]:
+    """Copies every row of `sources` into `target` that it does not already hold (by IDENTITY):
+    cells with `merged_from` (file name and row id) added to their details, A/B experiments
+    with their sessions. Returns {source: {table: rows copied}}; duplicates are skipped."""
+    report = {}
+    for source in sources:
+        src = _open_source(Path(source))
+        tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        copied = {}
+        try:
+            target.db.execute("BEGIN IMMEDIATE")
+            for table, identity in IDENTITY.items():
+                if table not in tables:
+                    continue
+                names = [r[1] for r in target.db.execute(f"PRAGMA table_info({table})")]
+                cursor = src.execute(f"SELECT {', '.join(names)} FROM {table} ORDER BY id")
+                copied[table] = 0
+                for values in cursor:
+                    row = dict(zip(names, values))
+                    match = " AND ".join(f"{c} IS :{c}" for c in identity)
+                    if target.db.execute(f"SELECT 1 FROM {table} WHERE {match} LIMIT 1",
+                                         {c: row[c] for c in identity}).fetchone():
+                        continue
+                    old_id = row.pop("id")
+                    if table == "cells":
+                        details = json.loads(row["details"])
+                        details.setdefault("merged_from", {"file": Path(source).name, "id": old_id})
+                        row["details"] = json.dumps(details, sort_keys=True)
+                    new_id = target._insert(table, row)
+                    copied[table] += 1
+                    if table == "ab_experiments":
+                        _copy_sessions(src, target, old_id, new_id)
+            target.db.execute("COMMIT")
+        except BaseException:
+            target.db.execute("ROLLBACK")
+            raise
+        finally:
+            src.close()
+        report[str(source)] = copied
+    return report
+
+
+def _copy_sessions(src, target: Store, old_id: int, new_id: int) -> None:
+    names = [r[1] for r in target.db.execute("PRAGMA table_info(ab_sessions)")]
+    for values in src.execute(f"SELECT {', '.join(names)} FROM ab_sessions WHERE experiment_id=? "
+                              "ORDER BY idx", (old_id,)):
+        target._insert("ab_sessions", {**dict(zip(names, values)), "experiment_id": new_id})
