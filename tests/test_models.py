@@ -57,3 +57,24 @@ def test_bad_local_configs(tmp_path, content, message):
 def test_unknown_model_name():
     with pytest.raises(FloorlineError, match="unknown model 'qwen9'"):
         resolve_model("qwen9")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_hidden_layers": 0}, "num_hidden_layers = 0 is outside 1..4096"),
+    ({"num_hidden_layers": 10**6}, "num_hidden_layers = 1000000 is outside"),
+    ({"hidden_size": "128"}, "Field 'hidden_size' expected int, got str"),
+    ({"vocab_size": 1000.0}, "Field 'vocab_size' expected int, got float"),
+    ({"num_attention_heads": True}, "Field 'num_attention_heads' expected int, got bool"),
+    ({"intermediate_size": -1}, "intermediate_size = -1 is outside"),
+    ({"sliding_window": 0}, "sliding_window = 0 is outside"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads = 3 does not divide num_attention_heads = 4"),
+    ({"num_key_value_heads": 8}, "num_key_value_heads = 8 does not divide"),
+    ({"hidden_size": 130}, "is not a multiple of the number of attention heads"),
+])
+def test_impossible_sizes_are_one_line_naming_the_field(tmp_path, cli, change, message):
+    (tmp_path / "config.json").write_text(json.dumps({**shipped_config("tiny-llama"), **change}))
+    with pytest.raises(FloorlineError, match=message):
+        resolve_model(str(tmp_path))
+    proc = cli("floor", "--model", tmp_path, "--gpu", "l4", "--ctx", "64")
+    assert proc.returncode == 2 and message.split(" is ")[0] in proc.stderr.replace("\n", " ")
+    assert str(tmp_path / "config.json") in proc.stderr and "Traceback" not in proc.stderr

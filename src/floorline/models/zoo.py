@@ -79,9 +79,47 @@ def _config_from_dict(data: dict, origin: str):
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.for_model(**data)
-    except (ValueError, KeyError, TypeError) as e:
-        raise FloorlineError(f"{origin}: transformers cannot build this config ({e})") from None
+        config = AutoConfig.for_model(**data)
+    except Exception as e:  # ValueError, TypeError, and huggingface_hub's strict field checks
+        said = " ".join(line.strip() for line in str(e).splitlines()) or type(e).__name__
+        raise FloorlineError(f"{origin}: transformers cannot build this config ({said})") from None
+    check_sizes(config, origin)
+    return config
+
+
+# Sizes a decoder config must hold as positive integers, with bounds far above any real model
+# (they keep an analytic floor from building a model of a million layers).
+SIZES = {"num_hidden_layers": 4096, "hidden_size": 1 << 20, "num_attention_heads": 1 << 14,
+         "vocab_size": 1 << 24, "max_position_embeddings": 1 << 26}
+OPTIONAL_SIZES = {"intermediate_size": 1 << 22, "num_key_value_heads": 1 << 14,
+                  "head_dim": 1 << 14, "sliding_window": 1 << 26}
+
+
+def check_sizes(config, origin: str) -> None:
+    """One line naming the file and field for a size that is missing, not a positive integer,
+    absurdly large, or inconsistent (key/value heads that do not divide the query heads, a
+    hidden size the heads do not divide without an explicit head_dim)."""
+    cfg = config.get_text_config()
+
+    def check(field, limit, required):
+        value = getattr(cfg, field, None)
+        if value is None and not required:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise FloorlineError(f"{origin}: {field} must be a positive integer, not {value!r}")
+        if not 0 < value <= limit:
+            raise FloorlineError(f"{origin}: {field} = {value} is outside 1..{limit}")
+        return value
+
+    sizes = {f: check(f, limit, True) for f, limit in SIZES.items()}
+    optional = {f: check(f, limit, False) for f, limit in OPTIONAL_SIZES.items()}
+    heads, kv = sizes["num_attention_heads"], optional["num_key_value_heads"]
+    if kv is not None and (kv > heads or heads % kv):
+        raise FloorlineError(f"{origin}: num_key_value_heads = {kv} does not divide "
+                             f"num_attention_heads = {heads}")
+    if optional["head_dim"] is None and sizes["hidden_size"] % heads:
+        raise FloorlineError(f"{origin}: hidden_size = {sizes['hidden_size']} is not a multiple "
+                             f"of num_attention_heads = {heads} and there is no head_dim")
 
 
 @cache
@@ -108,6 +146,7 @@ def resolve_model(name_or_dir: str, trust_remote_code: bool = False) -> ModelSpe
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(directory, trust_remote_code=True)
+        check_sizes(config, str(config_path))
     else:
         config = _config_from_dict(data, str(config_path))
     weights = directory if any(directory.glob("*.safetensors")) else None
