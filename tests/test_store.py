@@ -82,7 +82,7 @@ def test_merge_copies_each_result_once_and_keeps_where_it_came_from(tmp_path, cl
 
 
 @pytest.mark.parametrize("case, message", [
-    ("missing", "no results database at"), ("not-sqlite", "cannot read"),
+    ("missing", "no results database at"), ("not-sqlite", "cannot use results database"),
     ("other-sqlite", "not a floorline results database"), ("self", "both the target and a source"),
 ])
 def test_merge_refuses_what_is_not_a_results_database(tmp_path, cli, case, message):
@@ -95,3 +95,34 @@ def test_merge_refuses_what_is_not_a_results_database(tmp_path, cli, case, messa
         source = out
     proc = cli("merge", out, source)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_readers_open_a_read_only_database_and_write_nothing(tmp_path, cli):
+    import os
+    import stat
+
+    db = tmp_path / "r.db"
+    store = Store(db)
+    store.add(cell(8), {"torch": "x"}, "env-a")
+    store.close()
+    before = db.read_bytes()
+    os.chmod(db, stat.S_IRUSR)
+    os.chmod(tmp_path, stat.S_IRUSR | stat.S_IXUSR)  # no journal can be made beside it either
+    try:
+        assert "m" in cli("show", "--db", db, check=True).stdout
+        assert len(Store(db, read_only=True).rows()) == 1
+    finally:
+        os.chmod(tmp_path, stat.S_IRWXU)
+        os.chmod(db, stat.S_IRUSR | stat.S_IWUSR)
+    assert db.read_bytes() == before
+
+
+@pytest.mark.parametrize("content", [b"", b"not a database at all" * 50])
+def test_show_refuses_a_file_that_is_not_a_results_database(tmp_path, cli, content):
+    db = tmp_path / "r.db"
+    db.write_bytes(content)
+    proc = cli("show", "--db", db)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert ("not a floorline results database" in proc.stderr if not content
+            else "cannot use results database" in proc.stderr)
+    assert db.read_bytes() == content  # nothing written into it

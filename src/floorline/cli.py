@@ -52,13 +52,6 @@ def one_context(text: str, command: str) -> int:
     return contexts[0]
 
 
-def existing(db: Path) -> Path:
-    """For commands that only read results: a missing database is a user error, not a new file."""
-    if not db.exists():
-        raise FloorlineError(f"no results database at {db}: run `floorline sweep` first")
-    return db
-
-
 def default_device() -> str:
     import torch
 
@@ -419,7 +412,6 @@ def report(
     """The results database as plots and tables: HTML (self-contained) and Markdown."""
     from floorline.report.build import build_report
 
-    existing(db)
     try:
         written = build_report(db, out_dir)
     except OSError as e:
@@ -445,10 +437,9 @@ def predict_cmd(
     from floorline.predict import predict
     from floorline.store import Store
 
-    existing(db)
+    store = Store(db, read_only=True)
     resolve_model(model)
     hardware.lookup(gpu)
-    store = Store(db)
     f = predict(model, gpu, one_context(ctx, "predict"), path, store.rows(), store.explanations(),
                 store.probes())
     if as_json:
@@ -474,8 +465,7 @@ def show(
     """The cells in the results database."""
     from floorline.store import COLUMNS, Store
 
-    existing(db)
-    store = Store(db)
+    store = Store(db, read_only=True)
     rows = store.rows(latest=not history)
     if as_json:
         from floorline.measure.reduction import reductions

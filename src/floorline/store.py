@@ -76,8 +76,14 @@ def now() -> str:
 
 
 class Store:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, read_only: bool = False):
+        """The database at `path`, made if absent; `read_only` opens an existing one without
+        writing anything (its schema included), so a read-only file or a shared copy can be
+        shown and reported on."""
         self.path = Path(path)
+        if read_only:
+            self.db = _open_existing(self.path)
+            return
         try:
             self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
             self.db.execute("PRAGMA busy_timeout = 60000")
@@ -199,21 +205,31 @@ IDENTITY = {
 }
 
 
-def _open_source(path: Path) -> sqlite3.Connection:
-    """A database to merge from, read-only; one line if it is not a floorline database."""
+def _open_existing(path: Path) -> sqlite3.Connection:
+    """A results database, read-only; one line if it is missing or not a floorline database."""
     if not path.is_file():
-        raise FloorlineError(f"no results database at {path}")
-    try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        raise FloorlineError(f"no results database at {path}: run `floorline sweep` first")
+    def connect(extra=""):
+        db = sqlite3.connect(f"file:{path}?mode=ro{extra}", uri=True, timeout=60)
         version = db.execute("PRAGMA user_version").fetchone()[0]
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        return db, version, tables
+
+    try:
+        try:
+            db, version, tables = connect()
+        except sqlite3.OperationalError:
+            # A WAL database in a folder this user cannot write: SQLite cannot make the shared
+            # memory file it reads through, so read it as a file nobody is writing.
+            db, version, tables = connect("&immutable=1")
     except sqlite3.DatabaseError as e:
-        raise FloorlineError(f"cannot read {path} as a results database: {e}") from None
+        raise FloorlineError(f"cannot use results database {path}: {e}") from None
     if version > SCHEMA_VERSION:
         raise FloorlineError(f"{path} was written by a newer floorline (schema {version}, this "
                              f"one reads {SCHEMA_VERSION})")
-    if "cells" not in tables:
-        raise FloorlineError(f"{path} is not a floorline results database (no cells table)")
+    if not set(IDENTITY) <= tables:
+        raise FloorlineError(f"{path} is not a floorline results database (no cells, A/B, "
+                             "explanation and probe tables)")
     return db
 
 
@@ -223,14 +239,11 @@ def merge(target: Store, sources: list[Path]) -> dict[str, dict[str, int]]:
     with their sessions. Returns {source: {table: rows copied}}; duplicates are skipped."""
     report = {}
     for source in sources:
-        src = _open_source(Path(source))
-        tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        src = _open_existing(Path(source))
         copied = {}
         try:
             target.db.execute("BEGIN IMMEDIATE")
             for table, identity in IDENTITY.items():
-                if table not in tables:
-                    continue
                 names = [r[1] for r in target.db.execute(f"PRAGMA table_info({table})")]
                 cursor = src.execute(f"SELECT {', '.join(names)} FROM {table} ORDER BY id")
                 copied[table] = 0

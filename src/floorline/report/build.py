@@ -39,7 +39,7 @@ def _table(header: list[str], rows: list[list]) -> tuple[str, str]:
 
 def build_report(db: Path, out: Path) -> dict:
     """Writes index.html, report.md and one PNG per figure into `out`; returns what it wrote."""
-    store = Store(db)
+    store = Store(db, read_only=True)
     sources = {"cells": store.rows(), "ab": store.ab_summaries(), "explanations": store.explanations()}
     out.mkdir(parents=True, exist_ok=True)
     html_parts, md_parts, written = [], [], {"figures": [], "missing": []}
