@@ -78,3 +78,16 @@ def test_impossible_sizes_are_one_line_naming_the_field(tmp_path, cli, change, m
     proc = cli("floor", "--model", tmp_path, "--gpu", "l4", "--ctx", "64")
     assert proc.returncode == 2 and message.split(" is ")[0] in proc.stderr.replace("\n", " ")
     assert str(tmp_path / "config.json") in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_shipped_models_resolve_in_any_case_and_by_their_hub_id(tmp_path, cli):
+    assert resolve_model("Qwen/Qwen2.5-7B").name == "qwen2.5-7b"
+    assert resolve_model("meta-llama/llama-3.1-8b").name == "llama-3.1-8b"
+    assert resolve_model("Mistral-7B-v0.3").name == "mistral-7b-v0.3"
+    with pytest.raises(FloorlineError, match="did you mean 'qwen2.5-7b'"):
+        resolve_model("qwen2.5-7")
+    with pytest.raises(FloorlineError, match="nor a directory$"):
+        resolve_model("no-such-model-anywhere")
+    proc = cli("floor", "--model", "Qwen/Qwen2.5-7B", "--gpu", "h200", "--ctx", "2048", "--json",
+               check=True)
+    assert json.loads(proc.stdout)[0]["model"] == "qwen2.5-7b"

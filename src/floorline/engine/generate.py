@@ -151,7 +151,7 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
     from floorline.traffic import engine_weight_format
     from floorline.engine.runtime import Engine
     from floorline.models import resolve_model
-    from floorline.models.zoo import SOURCES
+    from floorline.models.zoo import shipped_name
 
     if dtype not in DTYPES:
         raise FloorlineError(f"dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
@@ -163,7 +163,7 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
         raise FloorlineError(str(e)) from None
     spec = resolve_model(str(model))
     if not spec.has_real_weights:
-        what = ("is a shipped config without weights" if str(model) in SOURCES
+        what = ("is a shipped config without weights" if shipped_name(str(model))
                 else "holds no .safetensors weights")
         raise FloorlineError(f"{model} {what}: generate needs a checkpoint directory with "
                              "config.json, *.safetensors and a tokenizer")

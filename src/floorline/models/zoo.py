@@ -59,6 +59,15 @@ def quantisation_config(config) -> dict | None:
     return qc
 
 
+def shipped_name(name: str) -> str | None:
+    """The shipped model a name stands for, in any case, or by its Hugging Face id."""
+    lowered = name.lower()
+    for shipped, source in SOURCES.items():
+        if lowered in (shipped, source.lower()):
+            return shipped
+    return None
+
+
 def shipped_models() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
 
@@ -124,15 +133,22 @@ def check_sizes(config, origin: str) -> None:
 
 @cache
 def resolve_model(name_or_dir: str, trust_remote_code: bool = False) -> ModelSpec:
-    """A shipped name (see `floorline models`) or a local directory holding config.json."""
-    if name_or_dir in SOURCES:
-        path = CONFIG_DIR / f"{name_or_dir}.json"
-        return ModelSpec(name_or_dir, _config_from_dict(_read_config_json(path), name_or_dir))
+    """A shipped name (see `floorline models`; any case, or the Hugging Face id it was copied
+    from) or a local directory holding config.json. A directory wins over a shipped name."""
     directory = Path(name_or_dir).expanduser()
+    shipped = shipped_name(name_or_dir)
+    if shipped is not None and (name_or_dir in SOURCES or not directory.is_dir()):
+        path = CONFIG_DIR / f"{shipped}.json"
+        return ModelSpec(shipped, _config_from_dict(_read_config_json(path), shipped))
     if not directory.is_dir():
+        import difflib
+
+        close = difflib.get_close_matches(name_or_dir.lower(), [*SOURCES, *(
+            v.lower() for v in SOURCES.values() if "/" in v)], n=1, cutoff=0.6)
+        hint = f"; did you mean '{shipped_name(close[0])}'?" if close else ""
         raise FloorlineError(
             f"unknown model '{name_or_dir}': not a shipped name ({', '.join(shipped_models())}) "
-            "nor a directory"
+            f"nor a directory{hint}"
         )
     config_path = directory / "config.json"
     if not config_path.is_file():
