@@ -126,3 +126,21 @@ def test_show_refuses_a_file_that_is_not_a_results_database(tmp_path, cli, conte
     assert ("not a floorline results database" in proc.stderr if not content
             else "cannot use results database" in proc.stderr)
     assert db.read_bytes() == content  # nothing written into it
+
+
+def test_a_database_from_before_schema_2_is_shown_and_merged_without_being_written(tmp_path,
+                                                                                    cli):
+    old, out = tmp_path / "old.db", tmp_path / "out.db"
+    store = Store(old)
+    store.add(cell(8), {"torch": "x"}, "env-a")
+    for table in ("ab_sessions", "ab_experiments", "explanations", "probes"):
+        store.db.execute(f"DROP TABLE {table}")
+    store.db.execute("PRAGMA user_version = 1")
+    store.close()
+    before = old.read_bytes()
+    assert "m" in cli("show", "--db", old, check=True).stdout
+    reader = Store(old, read_only=True)
+    assert len(reader.rows()) == 1 and reader.ab_summaries() == [] and reader.probes() == {}
+    reader.close()
+    assert "1 cells" in cli("merge", out, old, check=True).stdout
+    assert old.read_bytes() == before

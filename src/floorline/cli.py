@@ -499,7 +499,7 @@ def merge_cmd(
     for source, copied in merge(store, sources).items():
         counts = ", ".join(f"{n} {table.replace('_', ' ')}" for table, n in copied.items() if n)
         out.print(f"{escape(source)}: {escape(counts) if counts else 'nothing new'}")
-    out.print(f"{len(store.rows(latest=False))} cells in {escape(str(target))}")
+    out.print(f"{store.cell_count()} cells in {escape(str(target))}")
 
 
 @app.command("generate")

@@ -7,6 +7,7 @@ one INSERT in its own transaction, so a run killed at any point keeps every fini
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from datetime import datetime, timezone
 from pathlib import Path
@@ -179,6 +180,9 @@ class Store:
             (key.model, key.ctx, key.path, key.steps, key.warmup, env_key, VALID),
         ).fetchone() is not None
 
+    def cell_count(self) -> int:
+        return self.db.execute("SELECT count(*) FROM cells").fetchone()[0]
+
     def rows(self, latest: bool = True) -> list[dict]:
         """Every stored cell, or only the newest row of each cell (model, ctx, path, steps,
         warmup, environment)."""
@@ -227,9 +231,14 @@ def _open_existing(path: Path) -> sqlite3.Connection:
     if version > SCHEMA_VERSION:
         raise FloorlineError(f"{path} was written by a newer floorline (schema {version}, this "
                              f"one reads {SCHEMA_VERSION})")
-    if not set(IDENTITY) <= tables:
-        raise FloorlineError(f"{path} is not a floorline results database (no cells, A/B, "
-                             "explanation and probe tables)")
+    if "cells" not in tables:
+        raise FloorlineError(f"{path} is not a floorline results database (no cells table)")
+    # A database from before schema 2 has cells only: the later tables read as empty, made in
+    # the connection's temporary schema so that nothing is written to the file.
+    for statement in SCHEMA.split(";"):
+        made = re.match(r"\s*CREATE TABLE IF NOT EXISTS (\w+)", statement)
+        if made and made.group(1) not in tables:
+            db.execute(statement.replace("CREATE TABLE", "CREATE TEMP TABLE", 1))
     return db
 
 
@@ -245,13 +254,13 @@ def merge(target: Store, sources: list[Path]) -> dict[str, dict[str, int]]:
             target.db.execute("BEGIN IMMEDIATE")
             for table, identity in IDENTITY.items():
                 names = [r[1] for r in target.db.execute(f"PRAGMA table_info({table})")]
+                held = (f"SELECT 1 FROM {table} WHERE "
+                        + " AND ".join(f"{c} IS :{c}" for c in identity) + " LIMIT 1")
                 cursor = src.execute(f"SELECT {', '.join(names)} FROM {table} ORDER BY id")
                 copied[table] = 0
                 for values in cursor:
                     row = dict(zip(names, values))
-                    match = " AND ".join(f"{c} IS :{c}" for c in identity)
-                    if target.db.execute(f"SELECT 1 FROM {table} WHERE {match} LIMIT 1",
-                                         {c: row[c] for c in identity}).fetchone():
+                    if target.db.execute(held, {c: row[c] for c in identity}).fetchone():
                         continue
                     old_id = row.pop("id")
                     if table == "cells":

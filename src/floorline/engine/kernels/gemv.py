@@ -175,14 +175,13 @@ def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bi
         words_at = word_base + (g4 * W + i[None, None, :, None]) * 4
         w_mask = block_ok & (g4 < g_hi)
         words = tl.load(w_ptr + words_at, mask=w_mask, other=0)
-        meta_at = meta_base + g4  # [blocks, GROUPS, 1, 4]
-        m_mask = block_ok & (g4 < g_hi)
-        s = tl.load(s_ptr + meta_at, mask=m_mask, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + meta_at, mask=m_mask, other=0).to(tl.float32)
+        meta_at = meta_base + g4  # [blocks, GROUPS, 1, 4]: the words' mask serves
+        s = tl.load(s_ptr + meta_at, mask=w_mask, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + meta_at, mask=w_mask, other=0).to(tl.float32)
         if SWIGLU:
             words_up = tl.load(up_ptr + words_at, mask=w_mask, other=0)
-            s_up = tl.load(up_s_ptr + meta_at, mask=m_mask, other=0.0).to(tl.float32)
-            z_up = tl.load(up_z_ptr + meta_at, mask=m_mask, other=0).to(tl.float32)
+            s_up = tl.load(up_s_ptr + meta_at, mask=w_mask, other=0.0).to(tl.float32)
+            z_up = tl.load(up_z_ptr + meta_at, mask=w_mask, other=0).to(tl.float32)
         x_at = groups[:, None] * GROUP + i[None, :]
         dot = tl.zeros((RB, GROUPS, W, 4), tl.float32)
         dot_up = tl.zeros((RB, GROUPS, W, 4), tl.float32)
