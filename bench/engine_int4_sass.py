@@ -6,7 +6,9 @@ Hopper (sm_90), on any machine: no GPU is needed, only Triton's bundled ptxas an
 For each launch shape of the tuning table, the kernel is compiled as the engine launches it
 (divisibility of the sizes as Triton's launcher sees it), its loop (the body of the backward
 branch) disassembled, and its instructions counted against the weights one thread reads per
-iteration (tile words / threads x 8, doubled for the gate/up pair).
+iteration (tile words / threads x 8, doubled for the gate/up pair), with the registers a thread
+uses and the bytes it spills. --grid compiles every tile that fills its threads, not only the
+tuning table's.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ from floorline.engine.tuning import INT4_SHAPES
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "up_ptr": "*i32",
             "up_s_ptr": "*fp16", "up_z_ptr": "*u8", "bias_ptr": "*bf16", "norm_ptr": "*bf16",
             "out_ptr": "*bf16"}
-CONSTEXPRS = ("NORM", "SWIGLU", "BIAS", "ACCUMULATE", "BLOCK_N", "GROUPS", "GROUP", "SPLIT_K", "PDL")
+CONSTEXPRS = ("NORM", "SWIGLU", "BIAS", "ACCUMULATE", "BLOCK_N", "GROUPS", "GROUP", "WORDS",
+              "PREFETCH", "SPLIT_K", "EVEN", "PDL")
 
 
-def compile_loop(block_n: int, groups: int, warps: int, norm_swiglu: bool) -> dict:
+def compile_loop(block_n: int, groups: int, warps: int, words: int, prefetch: bool,
+                 norm_swiglu: bool) -> dict:
     signature = {**POINTERS, "N": "i32", "K": "i32", "K_WORDS": "i32", "ONE": "i32", "eps": "fp32",
                  **{c: "constexpr" for c in CONSTEXPRS}}
     if norm_swiglu:
@@ -41,7 +45,8 @@ def compile_loop(block_n: int, groups: int, warps: int, norm_swiglu: bool) -> di
     divisible = [*POINTERS, "N", "K", "K_WORDS"]
     attrs = {(_gemv_int4_kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in divisible}
     constexprs = dict(NORM=norm_swiglu, SWIGLU=norm_swiglu, BIAS=False, ACCUMULATE=False,
-                      BLOCK_N=block_n, GROUPS=groups, GROUP=128, SPLIT_K=1, PDL=True)
+                      BLOCK_N=block_n, GROUPS=groups, GROUP=128, WORDS=words, PREFETCH=prefetch,
+                      SPLIT_K=1, EVEN=True, PDL=True)
     src = ASTSource(fn=_gemv_int4_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=warps, num_stages=3))
@@ -52,29 +57,51 @@ def compile_loop(block_n: int, groups: int, warps: int, norm_swiglu: bool) -> di
         sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True,
                               check=True).stdout
     code = [(int(m.group(1), 16), m.group(2).strip())
-            for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+(.*?);", sass)]
+            for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
     back = [(a, int(b.group(1), 16)) for a, t in code
-            for b in [re.search(r"@!?P\d BRA 0x([0-9a-f]+)", t)] if b and int(b.group(1), 16) < a]
+            for b in [re.search(r"(?:@!?P\d )?BRA 0x([0-9a-f]+)", t)] if b and int(b.group(1), 16) < a]
     end, start = back[0]
     body = [t for a, t in code if start <= a <= end]
     ops = collections.Counter(re.sub(r"^@!?P\d+ ", "", t).split()[0].split(".")[0] for t in body)
     weights = block_n * groups * 16 / (warps * 32) * 8 * (2 if norm_swiglu else 1)
-    return {"block_n": block_n, "groups": groups, "warps": warps, "norm_swiglu": norm_swiglu,
+    tool = tool.with_name("cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+    registers, stack = (int(re.search(rf"{k}:(\d+)", usage).group(1)) for k in ("REG", "STACK"))
+    return {"block_n": block_n, "groups": groups, "warps": warps, "words": words,
+            "prefetch": prefetch, "registers": registers, "spilled_bytes": stack,
+            "norm_swiglu": norm_swiglu,
             "loop_instructions": len(body), "weights_per_thread": weights,
             "per_weight": len(body) / weights, "shared_memory_barriers": ops["BAR"],
             "top": ops.most_common(8)}
 
 
+# tiles whose groups x chunks cover the program's threads (group 128: 16 word positions)
+GRID = [(bn, g, w, v) for bn in (8, 16) for g in (4, 8) for w in (1, 2)
+        for v in (2, 4) if g * 16 // v >= 32 * w and bn * v <= 64]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
+    parser.add_argument("--grid", action="store_true",
+                        help="every tile whose (group, chunk) positions fill the threads, not only "
+                             "the tuning table's")
     args = parser.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)
-    rows = [compile_loop(bn, g, w, fused) for fused in (False, True) for bn, g, w in INT4_SHAPES]
-    print(f"{'block_n':>7} {'groups':>6} {'warps':>5} {'norm+swiglu':>11} {'loop':>5} "
-          f"{'weights':>7} {'per weight':>10}  most frequent")
+    shapes = GRID if args.grid else INT4_SHAPES
+    rows = [compile_loop(bn, g, w, v, p, fused) for fused in (False, True)
+            for bn, g, w, v in shapes for p in (False, True)]
+    print(f"{'block_n':>7} {'groups':>6} {'warps':>5} {'words':>5} {'prefetch':>8} "
+          f"{'norm+swiglu':>11} {'regs':>4} {'spill':>5} {'loop':>5} {'weights':>7} "
+          f"{'per weight':>10}  most frequent")
     for r in rows:
-        print(f"{r['block_n']:7} {r['groups']:6} {r['warps']:5} {str(r['norm_swiglu']):>11} "
+        print(f"{r['block_n']:7} {r['groups']:6} {r['warps']:5} {r['words']:5} "
+              f"{str(r['prefetch']):>8} {str(r['norm_swiglu']):>11} {r['registers']:4} "
+              f"{r['spilled_bytes']:5} "
               f"{r['loop_instructions']:5} {r['weights_per_thread']:7.0f} {r['per_weight']:10.2f}  "
               + ", ".join(f"{k} {v}" for k, v in r["top"]))
     if args.json:

@@ -9,11 +9,12 @@ k = i, i + W, ..., i + 7W (W = group_size / 8 words per group) in nibbles 0..7, 
 shift of a whole tile of words yields the values for one contiguous run of x. Rows are
 interleaved by four: the words of rows 4b..4b+3 at one position along K lie side by side, so
 that one 16-byte load gives a thread four rows against the same x (x is then read and summed
-once per four rows, not once per row).
+once per four rows, not once per row). Scales and zero points are interleaved the same way, so
+that one load gives the four rows' values for a group.
 
     qweight  int32 [N / 4, K / 8 * 4]     word (4b + r, p) at [b, 4p + r]
-    scales   fp16  [N, K / group_size]   (as AWQ and GPTQ store them)
-    zeros    uint8 [N, K / group_size]
+    scales   fp16  [N / 4, G * 4]         group g of row 4b + r at [b, 4g + r] (G = K / group_size)
+    zeros    uint8 [N / 4, G * 4]
 
 fp8 (weight-only, e4m3): W[n, k] = w8[n, k] * scale[n], one fp32 scale per output row.
 
@@ -54,7 +55,8 @@ class Int4Weight:
     def dequantize(self, dtype=torch.float32) -> torch.Tensor:
         q = unpack_rows(self.qweight, self.group_size)
         g = torch.arange(q.shape[1], device=q.device) // self.group_size
-        w = (q - self.zeros.long()[:, g]).float() * self.scales.float()[:, g]
+        zeros, scales = unpack_groups(self.zeros), unpack_groups(self.scales)
+        w = (q - zeros.long()[:, g]).float() * scales.float()[:, g]
         return w.to(dtype)
 
 
@@ -123,6 +125,18 @@ def pack_rows(q: torch.Tensor, group_size: int) -> torch.Tensor:
     return packed.transpose(1, 2).reshape(n // ROWS, k // 8 * ROWS).contiguous()
 
 
+def pack_groups(m: torch.Tensor) -> torch.Tensor:
+    """Per-group values [N, G] -> rows interleaved by four [N / 4, G * 4] (layout above)."""
+    n, g = m.shape
+    return m.reshape(n // ROWS, ROWS, g).transpose(1, 2).reshape(n // ROWS, g * ROWS).contiguous()
+
+
+def unpack_groups(m: torch.Tensor) -> torch.Tensor:
+    """The inverse of pack_groups: [N / 4, G * 4] -> [N, G]."""
+    blocks = m.shape[0]
+    return m.reshape(blocks, -1, ROWS).transpose(1, 2).reshape(blocks * ROWS, -1)
+
+
 def unpack_rows(qweight: torch.Tensor, group_size: int) -> torch.Tensor:
     """The engine's int32 words [N / 4, K / 2] -> integers 0..15 (int64) [N, K]."""
     blocks = qweight.shape[0]
@@ -141,8 +155,8 @@ def int4_from_integers(q, zeros, scales, group_size: int) -> Int4Weight:
                          "multiple of 8)")
     if n % ROWS:
         raise ValueError(f"N={n} rows: the int4 layout interleaves rows by {ROWS}")
-    return Int4Weight(pack_rows(q, group_size), scales.to(torch.float16).contiguous(),
-                      zeros.to(torch.uint8).contiguous(), group_size)
+    return Int4Weight(pack_rows(q, group_size), pack_groups(scales.to(torch.float16)),
+                      pack_groups(zeros.to(torch.uint8)), group_size)
 
 
 def quantize_int4(w: torch.Tensor, group_size: int = 128) -> Int4Weight:

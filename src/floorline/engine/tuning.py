@@ -33,12 +33,16 @@ SHIPPED = Path(__file__).parent / "tuned"
 SHAPES = [(1, 2048, 4), (2, 1024, 4), (2, 2048, 8), (4, 512, 4), (4, 1024, 4), (4, 1024, 8),
           (8, 256, 4), (8, 512, 4), (8, 512, 8), (16, 256, 4), (16, 512, 8)]
 SPLITS = [(4, 512, 4, 2), (8, 256, 4, 2), (4, 512, 4, 4), (8, 256, 4, 4), (2, 1024, 4, 4)]
-# int4: (block_n, groups per iteration, warps); a program's tile is block_n x groups x 64 bytes
-# (group 128). Tiles that Triton 3.6 lays out without shared-memory shuffles in the loop (read
-# from the compiled code); splits as above where the product accumulates.
-INT4_SHAPES = [(4, 4, 4), (8, 2, 4), (8, 4, 4), (16, 2, 4), (16, 4, 4), (16, 4, 8), (32, 2, 4),
-               (32, 2, 8), (32, 4, 8), (64, 2, 8)]
-INT4_SPLITS = [(8, 4, 4, 2), (16, 2, 4, 2), (16, 4, 4, 2), (8, 4, 4, 4), (16, 2, 4, 4)]
+# int4: (block_n, groups per iteration, warps, words per thread); threads spread over a tile's
+# groups x (16 / words) positions (group 128), so these fill a program's threads without
+# spreading over rows. Tiles that Triton 3.6 lays out without shared-memory shuffles in the loop
+# and that do not spill with the next iteration's words prefetched (read from the compiled code:
+# bench/engine_int4_sass.py); each with and without that prefetch; splits as above where the
+# product accumulates. Triton pipelines none of these loads, so the depth of its software
+# pipeline is not tried.
+INT4_SHAPES = [(8, 4, 1, 2), (16, 4, 1, 2), (8, 8, 1, 4), (8, 8, 2, 2), (16, 8, 2, 2)]
+INT4_SPLITS = [(8, 4, 1, 2, 2), (16, 4, 1, 2, 2), (8, 4, 1, 2, 4), (16, 4, 1, 2, 4),
+               (8, 4, 1, 2, 7), (16, 4, 1, 2, 7), (16, 8, 2, 2, 2)]
 
 
 def candidates(n: int, k: int, accumulate: bool, group: int | None = None) -> list[GemvConfig]:
@@ -46,10 +50,11 @@ def candidates(n: int, k: int, accumulate: bool, group: int | None = None) -> li
     int4 weight's group size (None for 16-bit and fp8)."""
     if group is not None:
         most = triton.next_power_of_2(max(1, k // group))
-        configs = [GemvConfig(bn, min(g, most) * group, w) for bn, g, w in INT4_SHAPES]
-        configs += [GemvConfig(bn, g * group, w, s) for bn, g, w, s in INT4_SPLITS]
-        configs += [GemvConfig(bn, min(g, most) * group, w, 1, stages)
-                    for bn, g, w in INT4_SHAPES[2:6] for stages in (2, 4)]
+        positions = group // 8
+        configs = [GemvConfig(bn, min(g, most) * group, w, s, words=min(v, positions),
+                              prefetch=p)
+                   for bn, g, w, v, s in [(*shape, 1) for shape in INT4_SHAPES] + INT4_SPLITS
+                   for p in (False, True)]
         return list(dict.fromkeys(c for c in configs if c.fits(k, accumulate)))
     widest = max(16, triton.next_power_of_2(k))
     configs = [GemvConfig(bn, min(bk, widest), w) for bn, bk, w in SHAPES]
@@ -63,7 +68,7 @@ def interpreter_config(k: int, group: int | None = None) -> GemvConfig:
     """Few, large programs: the interpreter's cost is per program, not per byte."""
     if group is not None:
         return GemvConfig(16, group * min(triton.next_power_of_2(max(1, k // group)),
-                                          max(1, 256 // group)))
+                                          max(1, 256 // group)), words=min(2, group // 8))
     return GemvConfig(16, min(256, max(16, triton.next_power_of_2(k))))
 
 
@@ -85,13 +90,12 @@ def random_like(w, generator):
     n, k = w.shape
     device = w.device
     if isinstance(w, Int4Weight):
-        groups = k // w.group_size
         return Int4Weight(
             torch.randint(-2**31, 2**31 - 1, tuple(w.qweight.shape), dtype=torch.int32,
                           device=device, generator=generator),
-            torch.empty(n, groups, dtype=torch.float16, device=device).uniform_(
+            torch.empty(tuple(w.scales.shape), dtype=torch.float16, device=device).uniform_(
                 1e-3, 2e-3, generator=generator),
-            torch.randint(0, 16, (n, groups), dtype=torch.uint8, device=device,
+            torch.randint(0, 16, tuple(w.zeros.shape), dtype=torch.uint8, device=device,
                           generator=generator), w.group_size)
     m = torch.empty(n, k, dtype=torch.float32 if isinstance(w, Fp8Weight) else w.dtype,
                     device=device).normal_(0, 0.02, generator=generator)
@@ -100,7 +104,8 @@ def random_like(w, generator):
 
 def _read_table(path: Path) -> dict:
     """{key: GemvConfig fields (+ us, gbps)}; anything else is refused in one line."""
-    fields = {f.name for f in dataclasses.fields(GemvConfig)}
+    fields = {f.name for f in dataclasses.fields(GemvConfig)
+              if f.default is dataclasses.MISSING}  # fields with defaults may be absent
     try:
         table = json.loads(path.read_text())
         if not isinstance(table, dict) or not all(

@@ -36,6 +36,8 @@ class GemvConfig:
     num_warps: int = 4
     split_k: int = 1
     num_stages: int = 3
+    words: int = 1  # int4: consecutive word positions of a group that one thread holds
+    prefetch: bool = False  # int4: read the next iteration's words before this one's arithmetic
 
     def fits(self, k: int, accumulate: bool) -> bool:
         # A split needs the atomics of ACCUMULATE; a split smaller than a block does no work.
@@ -122,93 +124,165 @@ ONE_BITS = 0x3F800000  # 1.0f; an argument, not a literal, so that the mask and 
 
 
 @triton.jit
-def _nibble(words, j: tl.constexpr, one):
-    """Nibble j of each word as the float 1 + q/16: q moved to the top four mantissa bits
-    (19..22) under 1.0's exponent. The 1 is taken off once per word, after the products."""
-    if 4 * j <= 19:
-        bits = words << (19 - 4 * j)
+def _nibble_pair(words, p: tl.constexpr, one):
+    """Nibbles 2p + 1 and 2p of each word as the floats 1 + q/16 and 1 + q/256, from one shift:
+    nibble 2p + 1 moves to the top four mantissa bits (19..22) and nibble 2p, which sits four
+    bits below it, to bits 15..18, both under 1.0's exponent. The 1s come off once per word
+    position, after the products (see _gemv_int4_kernel)."""
+    shift: tl.constexpr = 15 - 8 * p
+    if shift >= 0:
+        bits = words << shift
     else:
-        bits = words >> (4 * j - 19)
-    return ((bits & 0x00780000) | one).to(tl.float32, bitcast=True)
+        bits = words >> (-shift)
+    return (((bits & 0x00780000) | one).to(tl.float32, bitcast=True),
+            ((bits & 0x00078000) | one).to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _load_x(x_ptr, norm_ptr, at, ok, NORM: tl.constexpr, EVEN: tl.constexpr):
+    """x at `at` in fp32, times the norm's weight when NORM; and x's squares (for the norm)."""
+    if EVEN:
+        x = tl.load(x_ptr + at).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    squares = x * x
+    if NORM:
+        if EVEN:
+            x *= tl.load(norm_ptr + at).to(tl.float32)
+        else:
+            x *= tl.load(norm_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    return x, squares
+
+
+@triton.jit
+def _load_int4(w_ptr, s_ptr, z_ptr, words_at, meta_at, ok, EVEN: tl.constexpr):
+    """A tile of words, and 16 x scale and zero / 16 of their groups, in fp32."""
+    if EVEN:
+        words = tl.load(w_ptr + words_at)
+        s = tl.load(s_ptr + meta_at)
+        z = tl.load(z_ptr + meta_at)
+    else:
+        words = tl.load(w_ptr + words_at, mask=ok, other=0)
+        s = tl.load(s_ptr + meta_at, mask=ok, other=0.0)
+        z = tl.load(z_ptr + meta_at, mask=ok, other=0)
+    return words, s.to(tl.float32) * 16.0, z.to(tl.float32) * 0.0625
+
+
+@triton.jit
+def _load_groups(w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, word_base, meta_base, groups,
+                 g_hi, block_ok, W: tl.constexpr, SWIGLU: tl.constexpr, EVEN: tl.constexpr):
+    """The gate's (or only) tile of `groups` and, with SWIGLU, the up matrix's (else the gate's
+    again, unread)."""
+    ok = (groups < g_hi) & block_ok
+    words_at = word_base + groups * (W * 4)
+    meta_at = meta_base + groups * 4
+    words, s16, z16 = _load_int4(w_ptr, s_ptr, z_ptr, words_at, meta_at, ok, EVEN)
+    if SWIGLU:
+        words_up, s16_up, z16_up = _load_int4(up_ptr, up_s_ptr, up_z_ptr, words_at, meta_at, ok,
+                                              EVEN)
+    else:
+        words_up, s16_up, z16_up = words, s16, z16
+    return words, s16, z16, words_up, s16_up, z16_up
 
 
 @triton.jit
 def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bias_ptr, norm_ptr,
                       out_ptr, N, K, K_WORDS, ONE, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr,
                       BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_N: tl.constexpr,
-                      GROUPS: tl.constexpr, GROUP: tl.constexpr, SPLIT_K: tl.constexpr,
+                      GROUPS: tl.constexpr, GROUP: tl.constexpr, WORDS: tl.constexpr,
+                      PREFETCH: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
                       PDL: tl.constexpr):
-    """int4 weights in floorline.engine.quant's layout. A program owns BLOCK_N rows (BLOCK_N / 4
-    blocks of four interleaved rows) and reads GROUPS groups of each per iteration, as a
-    [blocks, GROUPS, W, 4] tile of int32 words (W = GROUP / 8): four rows' words at one
-    position side by side. Nibble j of every word belongs to the same run of x (k = g * GROUP +
-    j * W + i), so one shift of the tile gives its products with x's run j. Per group the
-    integers are summed against x first and the zero point and scale applied once:
-    sum_k (q_k - z) s x_k = s (sum_k q_k x_k - z sum_k x_k). A 4-bit q becomes a float without
-    a conversion instruction (_nibble), so a weight costs a shift, a logic op and a multiply-add.
-    K_WORDS is K / 8, an argument so that Triton sees its divisibility and loads 16 bytes at a
-    time; ONE is 1.0's bits, an argument so that mask and or fuse into one logic op."""
+    """int4 weights in floorline.engine.quant's layout. A program owns BLOCK_N rows (RB =
+    BLOCK_N / 4 blocks of four interleaved rows) and reads GROUPS groups of them per iteration
+    as a [GROUPS, CH, RB, WORDS, 4] tile of int32 words: the group's W = GROUP / 8 word
+    positions in CH chunks of WORDS consecutive ones, four rows' words side by side. Triton
+    spreads threads over the leading (group, chunk) dimensions, so each thread holds WORDS
+    positions of all RB blocks: x is read once per thread for 4 * RB rows, and a group's scale
+    and zero point once per WORDS words.
+
+    Nibble j of a word belongs to x's run j of the group (k = g * GROUP + j * W + i), so one
+    shift of the tile serves two runs (_nibble_pair). With the low nibble's x taken 16 times,
+    each word position accumulates dot = Xw + Q / 16, where Q = sum_j q_j x_j and
+    Xw = sum over odd j of x_j + 16 sum over even j of x_j; per group and row
+    s (Q - z X) = 16 s (dot - Xw - (z / 16) X), X = sum_j x_j. A weight thus costs half a
+    shift, a logic op and a multiply-add. K_WORDS is K / 8, an argument so that Triton sees
+    its divisibility and loads 16 bytes at a time; EVEN: no masks (whole blocks and splits)."""
     RB: tl.constexpr = BLOCK_N // 4
     W: tl.constexpr = GROUP // 8
+    CH: tl.constexpr = W // WORDS
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    blocks = pid_n * RB + tl.arange(0, RB)
-    r = tl.arange(0, 4)
-    block_ok = (blocks < N // 4)[:, None, None, None]
+    g_i = tl.arange(0, GROUPS)[:, None, None, None, None]
+    position = (tl.arange(0, CH)[None, :, None, None, None] * WORDS
+                + tl.arange(0, WORDS)[None, None, None, :, None])
+    blocks = pid_n * RB + tl.arange(0, RB)[None, None, :, None, None]
+    r = tl.arange(0, 4)[None, None, None, None, :]
+    block_ok = blocks < N // 4
     n_groups = K // GROUP
     span = tl.cdiv(tl.cdiv(n_groups, SPLIT_K), GROUPS) * GROUPS
     g_lo = pid_k * span
     g_hi = tl.minimum(g_lo + span, n_groups)
-    i = tl.arange(0, W)
-    word_base = blocks.to(tl.int64)[:, None, None, None] * (K_WORDS * 4) + r[None, None, None, :]
-    meta_base = (blocks.to(tl.int64)[:, None, None, None] * 4 + r[None, None, None, :]) * n_groups
+    word_base = blocks.to(tl.int64) * (K_WORDS * 4) + position * 4 + r
+    meta_base = blocks.to(tl.int64) * (n_groups * 4) + r
     if PDL:
         tl.extra.cuda.gdc_wait()
-    # Per word position, so that nothing crosses threads until the end.
-    acc = tl.zeros((RB, GROUPS, W, 4), tl.float32)
-    acc_up = tl.zeros((RB, GROUPS, W, 4), tl.float32)
-    squares = tl.zeros((GROUPS, W), tl.float32)
+    acc = tl.zeros((GROUPS, CH, RB, 4), tl.float32)
+    acc_up = tl.zeros((GROUPS, CH, RB, 4), tl.float32)
+    squares = tl.zeros((GROUPS, CH, 1, WORDS, 1), tl.float32)
+    # PREFETCH: the first iteration's words are read here and each iteration asks for the next
+    # one's before its own arithmetic, so that a warp has a read in flight while it computes
+    # (Triton pipelines only loads that feed a dot product); it costs registers, hence
+    # occupancy, so the tuner decides. The last iteration re-reads its own groups when EVEN.
+    words, s16, z16, words_up, s16_up, z16_up = _load_groups(
+        w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, word_base, meta_base, g_lo + g_i, g_hi,
+        block_ok, W, SWIGLU, EVEN)
     for g0 in range(g_lo, g_hi, GROUPS):
-        groups = g0 + tl.arange(0, GROUPS)
+        groups = g0 + g_i
         g_ok = groups < g_hi
-        g4 = groups[None, :, None, None]
-        words_at = word_base + (g4 * W + i[None, None, :, None]) * 4
-        w_mask = block_ok & (g4 < g_hi)
-        words = tl.load(w_ptr + words_at, mask=w_mask, other=0)
-        meta_at = meta_base + g4  # [blocks, GROUPS, 1, 4]: the words' mask serves
-        s = tl.load(s_ptr + meta_at, mask=w_mask, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + meta_at, mask=w_mask, other=0).to(tl.float32)
-        if SWIGLU:
-            words_up = tl.load(up_ptr + words_at, mask=w_mask, other=0)
-            s_up = tl.load(up_s_ptr + meta_at, mask=w_mask, other=0.0).to(tl.float32)
-            z_up = tl.load(up_z_ptr + meta_at, mask=w_mask, other=0).to(tl.float32)
-        x_at = groups[:, None] * GROUP + i[None, :]
-        dot = tl.zeros((RB, GROUPS, W, 4), tl.float32)
-        dot_up = tl.zeros((RB, GROUPS, W, 4), tl.float32)
-        x_sum = tl.zeros((GROUPS, W), tl.float32)
-        for j in tl.static_range(8):
-            x = tl.load(x_ptr + x_at + j * W, mask=g_ok[:, None], other=0.0).to(tl.float32)
+        if PREFETCH:
+            ahead = tl.minimum(g0 + GROUPS, g_hi - GROUPS) if EVEN else g0 + GROUPS
+        else:
+            ahead = g0
+        nxt = _load_groups(w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, word_base,
+                           meta_base, ahead + g_i, g_hi, block_ok, W, SWIGLU, EVEN)
+        if not PREFETCH:
+            words, s16, z16, words_up, s16_up, z16_up = nxt
+        x_at = groups * GROUP + position  # [GROUPS, CH, 1, WORDS, 1]
+        dot = tl.zeros((GROUPS, CH, RB, WORDS, 4), tl.float32)
+        dot_up = tl.zeros((GROUPS, CH, RB, WORDS, 4), tl.float32)
+        x_sum = tl.zeros((GROUPS, CH, 1, WORDS, 1), tl.float32)
+        x_w = tl.zeros((GROUPS, CH, 1, WORDS, 1), tl.float32)
+        for p in tl.static_range(4):
+            x_hi, sq_hi = _load_x(x_ptr, norm_ptr, x_at + (2 * p + 1) * W, g_ok, NORM, EVEN)
+            x_lo, sq_lo = _load_x(x_ptr, norm_ptr, x_at + 2 * p * W, g_ok, NORM, EVEN)
             if NORM:
-                squares += x * x
-                x *= tl.load(norm_ptr + x_at + j * W, mask=g_ok[:, None], other=0.0).to(tl.float32)
-            x_sum += x
-            x4 = x[None, :, :, None]
-            dot += _nibble(words, j, ONE) * x4
+                squares += sq_hi + sq_lo
+            x_lo16 = x_lo * 16.0
+            x_sum += x_hi + x_lo
+            x_w += x_hi + x_lo16
+            hi, lo = _nibble_pair(words, p, ONE)
+            dot += hi * x_hi  # two statements: each a multiply-add
+            dot += lo * x_lo16
             if SWIGLU:
-                dot_up += _nibble(words_up, j, ONE) * x4
-        # Per word: dot = X + Q / 16 with X = sum x and Q = sum q x over its eight values, and
-        # s (Q - z X) = 16 s (dot - (1 + z / 16) X); summed over the group's words at the end
-        x_sum = x_sum[None, :, :, None]
-        acc += (16.0 * s) * (dot - (1.0 + z * 0.0625) * x_sum)
+                hi, lo = _nibble_pair(words_up, p, ONE)
+                dot_up += hi * x_hi
+                dot_up += lo * x_lo16
+        # the thread's WORDS positions summed (its own registers), then scale and zero applied
+        # once per group and row
+        xs = tl.sum(x_sum, axis=3)
+        xw = tl.sum(x_w, axis=3)
+        acc += tl.sum(s16, axis=3) * (tl.sum(dot, axis=3) - (xw + tl.sum(z16, axis=3) * xs))
         if SWIGLU:
-            acc_up += (16.0 * s_up) * (dot_up - (1.0 + z_up * 0.0625) * x_sum)
+            acc_up += tl.sum(s16_up, axis=3) * (tl.sum(dot_up, axis=3)
+                                                - (xw + tl.sum(z16_up, axis=3) * xs))
+        words, s16, z16, words_up, s16_up, z16_up = nxt
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    y = tl.reshape(tl.sum(tl.sum(acc, axis=2), axis=1), (BLOCK_N,))
-    y_up = tl.reshape(tl.sum(tl.sum(acc_up, axis=2), axis=1), (BLOCK_N,))
+    y = tl.reshape(tl.sum(tl.sum(acc, axis=1), axis=0), (BLOCK_N,))
+    y_up = tl.reshape(tl.sum(tl.sum(acc_up, axis=1), axis=0), (BLOCK_N,))
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    _epilogue(y, y_up, tl.sum(tl.sum(squares, axis=1), axis=0), rows, rows < N, pid_k, bias_ptr,
-              out_ptr, K, eps, NORM, SWIGLU, BIAS, ACCUMULATE)
+    _epilogue(y, y_up, tl.sum(squares), rows, rows < N, pid_k, bias_ptr, out_ptr, K, eps, NORM,
+              SWIGLU, BIAS, ACCUMULATE)
 
 
 def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None, bias=None,
@@ -240,11 +314,18 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
                              f"of {w.group_size}")
         if config.block_n % 4:
             raise ValueError(f"block_n {config.block_n}: int4 rows come in blocks of four")
+        positions = w.group_size // 8
+        if positions % config.words or config.words & (config.words - 1):
+            raise ValueError(f"words {config.words} does not divide a group's {positions} "
+                             "word positions into powers of two")
         u = w if up is None else up
+        even = n % config.block_n == 0 and (k // w.group_size) % (config.split_k * groups) == 0
         _gemv_int4_kernel[grid](
             x, w.qweight, w.scales, w.zeros, u.qweight, u.scales, u.zeros,
             w.scales if bias is None else bias, w.scales if norm is None else norm, out, n, k,
-            k // 8, ONE_BITS, eps, GROUPS=groups, GROUP=w.group_size, **flags, **pdl_options(x))
+            k // 8, ONE_BITS, eps, GROUPS=groups, GROUP=w.group_size, WORDS=config.words,
+            PREFETCH=config.prefetch,
+            EVEN=even, **flags, **pdl_options(x))
         return
     scale = up_scale = None
     if isinstance(w, Fp8Weight):
