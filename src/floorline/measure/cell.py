@@ -83,13 +83,19 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
                                      "total_bytes": ref_floor.total_bytes}
     if spec.compile:
         cell.details["compile_mode"] = compile_mode(device)
-    # Tokens the cache must hold: the context, then every step the session runs.
-    capacity = key.ctx + GRAPH_WARMUP_STEPS * spec.graphs + key.warmup + key.steps
-    limit = model.max_context
-    if limit is not None and capacity > limit:
-        cell.reason = (f"context above the model's limit: ctx {key.ctx} + {capacity - key.ctx} "
-                       f"decode steps > {limit} positions")
-        return cell
+    # Tokens the cache must hold: the prompt, then every step the session runs. At the model's
+    # limit the prompt is shortened so that the last timed step takes the last position: the
+    # timed steps then read at most ctx cached tokens, the floor's ctx.
+    decode = GRAPH_WARMUP_STEPS * spec.graphs + key.warmup + key.steps
+    prompt, limit = key.ctx, model.max_context
+    if limit is not None and key.ctx + decode > limit:
+        prompt = limit - decode
+        if key.ctx > limit or prompt < 1:
+            cell.reason = (f"context above the model's limit: ctx {key.ctx} with {decode} "
+                           f"decode steps does not fit in {limit} positions")
+            return cell
+    cell.details["prompt_tokens"] = prompt
+    capacity = prompt + decode
     reason = unavailable(spec, device)
     if reason is not None:
         cell.reason = f"path unavailable: {reason}"
@@ -98,7 +104,8 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
     try:
         with torch.no_grad():
             session = open_session(spec, model, device, capacity, seed)
-            session.prefill(key.ctx)
+            session.prefill(prompt)
+            cell.details.update(session.prefill_details())
             cell.samples_ms = time_steps(session.step, device, key.steps, key.warmup)
             cell.details["clocks_after_timing"] = clocks(device)
         cell.summary = asdict(summarise(cell.samples_ms))
