@@ -232,3 +232,16 @@ def test_bad_kv_options_are_one_line(cli, args, message):
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
     with pytest.raises(FloorlineError, match="not 'fp16'"):
         Engine(resolve_model("tiny-llama"), "cpu", 8, kv="fp16")
+
+
+def test_explain_runs_an_fp8_kv_cell_at_the_models_limit(cli, tmp_path):
+    proc = cli("explain", "--model", "tiny-qwen2", "--ctx", "1024", "--path", "engine-kvfp8",
+               "--steps", "2", "--warmup", "1", "--device", "cpu", "--gpu", "h200", "--db",
+               tmp_path / "e.db", "--json", check=True)
+    result = json.loads(proc.stdout)
+    f = floor(resolve_model("tiny-qwen2"), lookup("h200"), 1024, "bf16", "engine-fp8")
+    assert result["ctx"] == 1024 and result["decomposition"]["floor_ms"] == f.floor_ms
+    assert result["classes"]["attention"]["bytes"] == f.kv_bytes
+    proc = cli("explain", "--model", "tiny-qwen2", "--ctx", "1025", "--path", "engine-kvfp8",
+               "--device", "cpu", "--gpu", "h200", "--db", tmp_path / "e.db")
+    assert proc.returncode == 2 and "context above the model's limit: ctx 1025" in proc.stderr

@@ -116,6 +116,8 @@ def test_context_above_the_model_limit_is_an_invalid_cell(tmp_path):
     assert by_ctx[16]["status"] == "valid" and by_ctx[16]["details"]["prompt_tokens"] == 16
     assert by_ctx[1024]["status"] == "valid"
     assert by_ctx[1024]["details"]["prompt_tokens"] == 1024 - 4 - 8
+    assert by_ctx[1024]["details"]["timed_steps_read"] == [1020, 1023]
+    assert by_ctx[16]["details"]["timed_steps_read"] == [24, 27]  # after 8 warm-up steps
     assert by_ctx[1025]["status"] == "invalid"
     assert by_ctx[1025]["reason"] == ("context above the model's limit: ctx 1025 with 12 decode "
                                       "steps does not fit in 1024 positions")

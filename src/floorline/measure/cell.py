@@ -61,6 +61,18 @@ def _is_out_of_memory(e: BaseException) -> bool:
     )
 
 
+def fit_prompt(ctx: int, decode: int, limit: int | None) -> int:
+    """Prompt tokens for a cell at `ctx` whose session then runs `decode` steps: ctx, or, where
+    that passes the model's limit but ctx does not, fewer, so that the last step takes the
+    last position."""
+    if limit is None or ctx + decode <= limit:
+        return ctx
+    if ctx > limit or limit - decode < 1:
+        raise FloorlineError(f"context above the model's limit: ctx {ctx} with {decode} decode "
+                             f"steps does not fit in {limit} positions")
+    return limit - decode
+
+
 def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
                  trust_remote_code: bool = False) -> CellResult:
     """Measure one cell; every failure a user can meet comes back as an invalid cell."""
@@ -83,19 +95,17 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
                                      "total_bytes": ref_floor.total_bytes}
     if spec.compile:
         cell.details["compile_mode"] = compile_mode(device)
-    # Tokens the cache must hold: the prompt, then every step the session runs. At the model's
-    # limit the prompt is shortened so that the last timed step takes the last position: the
-    # timed steps then read at most ctx cached tokens, the floor's ctx.
+    # The details say how many cached tokens the first and the last timed step read (the
+    # floor counts ctx).
     decode = GRAPH_WARMUP_STEPS * spec.graphs + key.warmup + key.steps
-    prompt, limit = key.ctx, model.max_context
-    if limit is not None and key.ctx + decode > limit:
-        prompt = limit - decode
-        if key.ctx > limit or prompt < 1:
-            cell.reason = (f"context above the model's limit: ctx {key.ctx} with {decode} "
-                           f"decode steps does not fit in {limit} positions")
-            return cell
-    cell.details["prompt_tokens"] = prompt
+    try:
+        prompt = fit_prompt(key.ctx, decode, model.max_context)
+    except FloorlineError as e:
+        cell.reason = str(e)
+        return cell
     capacity = prompt + decode
+    cell.details.update(prompt_tokens=prompt, timed_steps_read=[capacity - key.steps,
+                                                                capacity - 1])
     reason = unavailable(spec, device)
     if reason is not None:
         cell.reason = f"path unavailable: {reason}"
