@@ -245,3 +245,20 @@ def test_explain_runs_an_fp8_kv_cell_at_the_models_limit(cli, tmp_path):
     proc = cli("explain", "--model", "tiny-qwen2", "--ctx", "1025", "--path", "engine-kvfp8",
                "--device", "cpu", "--gpu", "h200", "--db", tmp_path / "e.db")
     assert proc.returncode == 2 and "context above the model's limit: ctx 1025" in proc.stderr
+
+
+def test_the_kv_error_bench_runs_on_a_tiny_config(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "kv.json"
+    script = Path(__file__).parents[1] / "bench" / "engine_kv_error.py"
+    proc = subprocess.run([sys.executable, str(script), "--model", "tiny-llama", "--ctx", "64",
+                           "--device", "cpu", "--dtype", "float32", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["ctx"] == 64 and row["positions"] == 5 and 0 < row["rel_err_median"] < 0.1
+    # e4m3's rounding: at most 1/16 of each value, about 2-3% over a vector
+    assert all(0.01 < e["rel_l2"] < 0.05 for e in row["cache"].values())
