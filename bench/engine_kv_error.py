@@ -120,8 +120,6 @@ def main() -> None:
         for key, e in cache.items():
             print(f"  cache {key:14} rel L2 {e['rel_l2']:.2e}  mean per token "
                   f"{e['mean_token_rel']:.2e}", flush=True)
-        for e in engines.values():
-            e.filled = 0
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(report, f, indent=1)
