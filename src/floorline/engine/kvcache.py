@@ -104,8 +104,3 @@ class KVCache:
             return k, v
         return (dequantise(k, self.k_scale[layer, :, :end], dtype),
                 dequantise(v, self.v_scale[layer, :, :end], dtype))
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.k_scale,
-                                                          self.v_scale) if t is not None)
