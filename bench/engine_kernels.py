@@ -2,9 +2,10 @@
 of each GEMV (tuned Triton launch vs cuBLAS through F.linear on 16-bit weights, same rotation
 past L2, both replayed from a CUDA graph), and of decode attention (with rope and the KV write)
 at each context. --weights int4|fp8 times the quantised GEMVs (bytes as stored) and checks each
-against its dequantise-then-multiply reference at the real shape.
+against its dequantise-then-multiply reference at the real shape. --kv fp8 times decode attention
+alone on an fp8 cache (its bytes: e4m3 values and a 4-byte scale per token and kv head).
 
-    python bench/engine_kernels.py --model qwen2.5-7b --ctx 2048,16384 [--weights int4] [--json out.json]
+    python bench/engine_kernels.py --model qwen2.5-7b --ctx 2048,16384 [--weights int4] [--kv fp8] [--json out.json]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from floorline.engine.check import relative_error
 from floorline.engine.kernels.attention import attention_scratch, decode_attention
 from floorline.engine.kernels.gemv import gemv_reference
+from floorline.engine.kvcache import KV_FORMATS, quantise
 from floorline.engine.model import ATTENTION_BLOCK_T, DecoderConfig, attention_splits
 from floorline.engine.ops import TritonOps
 from floorline.engine.quant import FORMATS, HEAD_FORMATS, format_of, quantize
@@ -92,16 +94,21 @@ def gemv_rows(c: DecoderConfig, ops: TritonOps, weights: str = "bf16",
     return rows
 
 
-def attention_rows(c: DecoderConfig, contexts: list[int]) -> list[dict]:
+def attention_rows(c: DecoderConfig, contexts: list[int], kv: str = "bf16") -> list[dict]:
     """Each context at the engine's choice (the first row) and at other splits and blocks; the
     kernel also rotates q and k and writes the new token's k and v."""
     rows = []
     for ctx in contexts:
         capacity = ctx + 1
-        nbytes = 2 * c.kv_heads * ctx * c.head_dim * 2
+        fp8 = kv == "fp8"
+        nbytes = 2 * c.kv_heads * ctx * (c.head_dim + 4 if fp8 else c.head_dim * 2)
         copies = rotation_copies(nbytes, "cuda")
-        caches = [tuple(torch.randn(c.kv_heads, capacity, c.head_dim, device="cuda",
-                                    dtype=torch.bfloat16) for _ in "kv") for _ in range(copies)]
+
+        def cache():
+            x = torch.randn(c.kv_heads, capacity, c.head_dim, device="cuda", dtype=torch.bfloat16)
+            return quantise(x) if fp8 else (x, None)
+
+        caches = [tuple(cache() for _ in "kv") for _ in range(copies)]
         qkv = torch.randn(c.qkv_rows, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(c.heads * c.head_dim, device="cuda", dtype=torch.bfloat16)
         pos = torch.tensor([ctx - 1], dtype=torch.int32, device="cuda")
@@ -114,13 +121,15 @@ def attention_rows(c: DecoderConfig, contexts: list[int]) -> list[dict]:
             scratch = attention_scratch(c.heads, c.head_dim, splits, "cuda")
 
             def run():
-                for k, v in caches:
+                for (k, ks), (v, vs) in caches:
                     decode_attention(qkv, k, v, cos, cos, pos, out, scale=c.head_dim ** -0.5,
-                                     window=None, scratch=scratch, block_t=block_t)
+                                     window=None, scratch=scratch, block_t=block_t,
+                                     scales=(ks, vs) if fp8 else None)
 
             t = time_graph(run) / copies
             engine = splits == chosen and block_t == ATTENTION_BLOCK_T
-            rows.append(dict(kernel=f"attention+rope ctx {ctx}" + (" (engine)" if engine else ""),
+            rows.append(dict(kernel=f"attention+rope ctx {ctx}" + (" fp8 KV" if fp8 else "")
+                             + (" (engine)" if engine else ""),
                              shape=f"{c.kv_heads} kv heads x {ctx}", MB=nbytes / 1e6, us=t,
                              gbps=nbytes / t / 1e3, config=f"splits={splits} block_t={block_t}"))
     return rows
@@ -132,13 +141,18 @@ def main() -> None:
     parser.add_argument("--ctx", default="2048,16384")
     parser.add_argument("--weights", default="bf16", choices=FORMATS)
     parser.add_argument("--head", default="bf16", choices=HEAD_FORMATS)
+    parser.add_argument("--kv", default="bf16", choices=KV_FORMATS,
+                        help="fp8: decode attention on an fp8 cache only, no GEMVs")
     parser.add_argument("--json")
     args = parser.parse_args()
     c = DecoderConfig.from_hf(resolve_model(args.model).config)
-    ops = TritonOps("cuda")
-    rows = gemv_rows(c, ops, args.weights, args.head)
-    if args.weights == "bf16":
-        rows += attention_rows(c, [int(x) for x in args.ctx.split(",")])
+    contexts = [int(x) for x in args.ctx.split(",")]
+    if args.kv == "fp8":
+        rows = attention_rows(c, contexts, "fp8")
+    else:
+        rows = gemv_rows(c, TritonOps("cuda"), args.weights, args.head)
+        if args.weights == "bf16":
+            rows += attention_rows(c, contexts)
     print(f"{args.model} on {torch.cuda.get_device_name()}, weights {args.weights}, head {args.head}")
     print(f"{'kernel':34} {'shape':24} {'format':7} {'MB':>8} {'us':>8} {'GB/s':>7} "
           f"{'cuBLAS GB/s':>11} {'rel err':>8}  config")
@@ -150,7 +164,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "gpu": torch.cuda.get_device_name(),
-                       "weights": args.weights, "head": args.head, "rows": rows}, f, indent=1)
+                       "weights": args.weights, "head": args.head, "kv": args.kv, "rows": rows},
+                      f, indent=1)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@
 #   bash bench/h200_engine.sh quant-check   their logits against transformers on dequantised weights
 #   bash bench/h200_engine.sh prefill   time to first token and peak memory of long prompts
 #   bash bench/h200_engine.sh longctx   decode at the models' full context (Qwen2.5-7B 32000, Llama-3.1-8B 131000)
+#   bash bench/h200_engine.sh kvfp8     the fp8 KV cache beside the 16-bit one (one call, about 8 minutes):
+#                                       decode cells at ctx 32768-131072 (PATHS adds e.g. engine-fp8-kvfp8),
+#                                       then the logits' difference at ctx 2048, 32768, 131072
+#   bash bench/h200_engine.sh kvfp8-kernels   split-KV attention on an fp8 cache, per split and block size
 # Files for the results folder go to $OUT (the device tool's) or bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,6 +57,16 @@ case ${1:?stage} in
   longctx)
     fl sweep --db "${DB%.db}_longctx.db" --models qwen2.5-7b --ctx 32000 --paths engine,engine-int4
     fl sweep --db "${DB%.db}_longctx.db" --models llama-3.1-8b --ctx 65536,131000 --paths engine ;;
+  kvfp8)
+    KVDB=${DB%.db}_kvfp8.db KVPATHS=${PATHS:-engine,engine-kvfp8}
+    fl sweep --db "$KVDB" --models llama-3.1-8b --ctx 32768,65536,131072 --paths "$KVPATHS" || echo "stage failed"
+    fl sweep --db "$KVDB" --models qwen2.5-7b --ctx 32768 --paths "$KVPATHS" || echo "stage failed"
+    python3 bench/engine_kv_error.py --model llama-3.1-8b --ctx 2048,32768,131072 \
+      --json "$DEST/h200_engine_kv_error.json" || echo "stage failed"
+    DB=$KVDB ;;
+  kvfp8-kernels)
+    python3 bench/engine_kernels.py --model llama-3.1-8b --ctx 32768,131072 --kv fp8 \
+      --json "$DEST/h200_engine_kernels_llama-3.1-8b_kvfp8.json" ;;
   quant-check) python3 bench/engine_check.py --quantised --json "$DEST/h200_engine_quant_check.json" ;;
   explain)
     for p in ${EXPLAIN_PATHS:-engine}; do for m in ${MODELS//,/ }; do for c in ${CTX//,/ }; do

@@ -176,3 +176,15 @@ def test_int4_and_fp8_generate_from_a_16bit_checkpoint(cli, checkpoint):
     proc = cli("generate", "--model", checkpoint, "--prompt", PROMPT, "--device", "cpu",
                "--weights", "nf4")
     assert proc.returncode == 2 and "engine weights must be one of" in proc.stderr
+
+
+def test_generate_with_an_fp8_kv_cache(cli, checkpoint, greedy):
+    proc = cli("generate", "--model", checkpoint, "--prompt", PROMPT, "--max-new-tokens", 6,
+               "--device", "cpu", "--dtype", "float32", "--kv-dtype", "fp8")
+    assert proc.returncode == 0, proc.stderr
+    # the floor is the fp8 cache's, scales included; the 16-bit run names its dtype's
+    assert "KV engine-fp8" in proc.stderr and "tokens/s" in proc.stderr
+    assert greedy.kv_format == "fp32"
+    result = generate(checkpoint, PROMPT, max_new_tokens=6, device="cpu", dtype="float32",
+                      kv="fp8")
+    assert result.kv_format == "engine-fp8" and len(result.ids) == 6

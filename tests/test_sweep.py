@@ -106,14 +106,21 @@ def test_two_sweeps_on_one_database_lose_nothing(tmp_path):
 
 
 def test_context_above_the_model_limit_is_an_invalid_cell(tmp_path):
+    # tiny-qwen2 has 1024 positions; 4 timed and 8 warm-up steps. At ctx 1024 the prompt is
+    # shortened to 1012 tokens so that the last timed step takes the last position.
     db = tmp_path / "r.db"
-    proc = run_cli("sweep", "--db", db, "--models", "tiny-qwen2", "--ctx", "16,1020",
+    proc = run_cli("sweep", "--db", db, "--models", "tiny-qwen2", "--ctx", "16,1024,1025",
                    "--steps", "4", "--gpu", GPU, "--paths", "hf-eager")
     assert proc.returncode == 0
     by_ctx = {c["ctx"]: c for c in rows(db)}
-    assert by_ctx[16]["status"] == "valid"
-    assert by_ctx[1020]["status"] == "invalid"
-    assert by_ctx[1020]["reason"].startswith("context above the model's limit")
+    assert by_ctx[16]["status"] == "valid" and by_ctx[16]["details"]["prompt_tokens"] == 16
+    assert by_ctx[1024]["status"] == "valid"
+    assert by_ctx[1024]["details"]["prompt_tokens"] == 1024 - 4 - 8
+    assert by_ctx[1024]["details"]["timed_steps_read"] == [1020, 1023]
+    assert by_ctx[16]["details"]["timed_steps_read"] == [24, 27]  # after 8 warm-up steps
+    assert by_ctx[1025]["status"] == "invalid"
+    assert by_ctx[1025]["reason"] == ("context above the model's limit: ctx 1025 with 12 decode "
+                                      "steps does not fit in 1024 positions")
 
 
 def one_line_error(proc, *fragments):

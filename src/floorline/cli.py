@@ -148,7 +148,7 @@ def floor_cmd(
     gpu: Annotated[Optional[str], typer.Option(help="Catalogue name; default: the running GPU.")] = None,
     ctx: Annotated[Optional[list[str]], typer.Option(help="Context lengths, e.g. 2048,16384.")] = None,
     weight_format: Annotated[str, typer.Option(help="bf16, fp16, fp32, int8, int4-g128, nf4, nf4-dq, bnb-int8, gptq-int4-g128, awq-int4-g128, gguf-bf16, gguf-q4_0 (`floorline formats`).")] = "bf16",
-    kv_dtype: Annotated[str, typer.Option(help="bf16, fp16, fp32, fp8.")] = "bf16",
+    kv_dtype: Annotated[str, typer.Option(help="bf16, fp16, fp32, fp8, engine-fp8 (fp8 with an fp32 scale per token and kv head).")] = "bf16",
     trust_remote_code: bool = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
 ) -> None:
@@ -187,6 +187,9 @@ def cells_table(rows: list[dict], title: str, probes: dict[str, dict]) -> Table:
                "of floor", "of measured", "GB/s"]
     if reduced:
         columns.append("vs 16-bit: expected / realised (share)")
+    prefilled = any("prefill_ms" in r["details"] for r in rows)  # paths that time their prefill
+    if prefilled:
+        columns += ["TTFT ms", "prefill tok/s"]
     table = Table(*columns, "reason", title=title)
     pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
     for r in rows:
@@ -201,6 +204,8 @@ def cells_table(rows: list[dict], title: str, probes: dict[str, dict]) -> Table:
             pct(r["fraction_of_floor"]), pct(of_measured),
             _num(r["achieved_gbps"], ".0f" if (r["achieved_gbps"] or 0) >= 100 else ".2f"),
             *([describe(reduced.get(r["id"]))] if reduced else []),
+            *([_num(r["details"].get("prefill_ms"), ".1f"),
+               _num(r["details"].get("prefill_tokens_per_s"), ".0f")] if prefilled else []),
             escape(r["reason"] or ""),
         )
     return table
@@ -515,6 +520,7 @@ def generate_cmd(
     no_chat: Annotated[bool, typer.Option("--no-chat", help="Encode the prompt as it is, without the chat template.")] = False,
     weights: Annotated[Optional[str], typer.Option(help="Format of the decoder's linears: int4 (group 128), fp8 or bf16; a 16-bit checkpoint is quantised at load. Default: the checkpoint's own (AWQ/GPTQ run as int4).")] = None,
     head: Annotated[str, typer.Option(help="Format of the LM head: bf16 (16-bit) or fp8 (one scale per row).")] = "bf16",
+    kv_dtype: Annotated[str, typer.Option(help="Format of the KV cache: bf16 (the 16-bit dtype) or fp8 (e4m3, one scale per token and kv head).")] = "bf16",
     gpu: GPU_OPTION = None,
 ) -> None:
     """Generate text with floorline's engine, streamed to stdout; speed against the floor on stderr."""
@@ -529,7 +535,7 @@ def generate_cmd(
 
     result = generate(model, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
                       top_p=top_p, seed=seed, device=device, dtype=dtype, chat=not no_chat,
-                      weights=weights, head=head, on_text=write)
+                      weights=weights, head=head, kv=kv_dtype, on_text=write)
     write("\n")
     err.print(result.summary(gpu_spec), highlight=False, markup=False, soft_wrap=True)
 

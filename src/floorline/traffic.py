@@ -93,7 +93,29 @@ WEIGHT_FORMATS = {
                             "LM head Q6_K, norms and biases F32"),
     )
 }
-KV_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class KvFormat:
+    """How a KV cache stores each cached token's K and V: `bytes` per element, plus
+    `scale_bytes` per head vector (of K, and of V) where each token and head has its own scale."""
+
+    name: str
+    bytes: int
+    scale_bytes: int = 0
+    source: str = ""
+
+
+KV_FORMATS = {
+    f.name: f
+    for f in (
+        KvFormat("bf16", 2), KvFormat("fp16", 2), KvFormat("fp32", 4),
+        KvFormat("fp8", 1, source="fp8 values, one scale per tensor or none (negligible bytes)"),
+        KvFormat("engine-fp8", 1, 4,
+                 source="floorline's engine fp8 KV cache: e4m3 values and one fp32 scale per "
+                        "token and kv head, for K and for V"),
+    )
+}
 
 
 def engine_weight_format(weights: str, head: str, dtype_format: str = "bf16") -> str:
@@ -101,6 +123,12 @@ def engine_weight_format(weights: str, head: str, dtype_format: str = "bf16") ->
     `head` LM head (bf16, fp8); `dtype_format` names its 16-bit dtype."""
     base = {"int4": "engine-int4-g128", "fp8": "engine-fp8"}.get(weights, dtype_format)
     return base + ("-fp8head" if head == "fp8" else "")
+
+
+def engine_kv_format(kv: str, dtype_format: str = "bf16") -> str:
+    """The KV format of floorline's engine with a `kv` cache (bf16: its 16-bit dtype, named by
+    `dtype_format`; fp8)."""
+    return "engine-fp8" if kv == "fp8" else dtype_format
 
 
 @dataclass(frozen=True)
@@ -189,13 +217,18 @@ def weight_bytes(counts: ParamCounts, fmt: WeightFormat) -> int:
                  + (counts.linear_bias + dense) * fmt.dense_bits / 8)
 
 
+def kv_heads_and_dim(config) -> tuple[int, int]:
+    cfg = config.get_text_config()
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    return kv_heads, getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+
+
 def kv_layout(config) -> tuple[int, list[int | None]]:
     """Bytes per cached token per layer per element-byte (2 x kv heads x head dim), and each
     layer's attention window (None = full attention)."""
     cfg = config.get_text_config()
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    kv_heads, head_dim = kv_heads_and_dim(config)
     window = getattr(cfg, "sliding_window", None)
     layer_types = getattr(cfg, "layer_types", None)
     if layer_types is None:
@@ -207,18 +240,20 @@ def kv_layout(config) -> tuple[int, list[int | None]]:
 
 def kv_bytes(config, ctx: int, kv_dtype: str) -> int:
     """K and V of `ctx` cached tokens in every layer (at most the window in a windowed layer),
-    plus the new token's K and V written."""
-    per_token, windows = kv_layout(config)
-    b = KV_DTYPE_BYTES[kv_dtype]
-    return sum(per_token * b * ((ctx if w is None else min(ctx, w)) + 1) for w in windows)
+    plus the new token's K and V written; with their scales where the format has them."""
+    _, windows = kv_layout(config)
+    kv_heads, head_dim = kv_heads_and_dim(config)
+    fmt = KV_FORMATS[kv_dtype]
+    per_token = 2 * kv_heads * (head_dim * fmt.bytes + fmt.scale_bytes)
+    return sum(per_token * ((ctx if w is None else min(ctx, w)) + 1) for w in windows)
 
 
 def floor(spec: ModelSpec, gpu: DeviceSpec, ctx: int, weight_format: str = "bf16",
           kv_dtype: str = "bf16") -> Floor:
     if weight_format not in WEIGHT_FORMATS:
         raise FloorlineError(f"unknown weight format '{weight_format}'; known: {', '.join(WEIGHT_FORMATS)}")
-    if kv_dtype not in KV_DTYPE_BYTES:
-        raise FloorlineError(f"unknown KV dtype '{kv_dtype}'; known: {', '.join(KV_DTYPE_BYTES)}")
+    if kv_dtype not in KV_FORMATS:
+        raise FloorlineError(f"unknown KV dtype '{kv_dtype}'; known: {', '.join(KV_FORMATS)}")
     fmt = WEIGHT_FORMATS[weight_format]
     counts = count_parameters(spec)
     w = weight_bytes(counts, fmt)

@@ -26,6 +26,7 @@ class GenerationResult:
     stopped_at_eos: bool
     dtype: str
     weight_format: str  # the floor's name for the weights that ran (quantised or 16-bit)
+    kv_format: str  # the floor's name for the KV cache's format
     prefill_ms: float  # the prompt's forward pass and the first new token read back
     decode_ms: float  # wall clock over the decode steps, each token read back included
     device_ms: float | None  # CUDA events around each graph replay; None on the CPU
@@ -62,7 +63,7 @@ class GenerationResult:
             parts.append(f"decode {self.ms_per_token:.3f} ms/token")
             if self.device_ms is not None:
                 parts.append(f"device {self.device_ms_per_step:.3f} ms/step")
-            kv = DTYPES[self.dtype][1]
+            kv = self.kv_format
             f = floor(self.spec, gpu, self.final_context, self.weight_format, kv)
             parts.append(f"{f.floor_ms / self.ms_per_token:.1%} of the floor ({f.floor_ms:.3f} ms "
                          f"at ctx {f.ctx}, weights {self.weight_format}, KV {kv}, on {gpu.name} "
@@ -142,19 +143,22 @@ def eos_ids(directory: Path, config, tokenizer) -> set[int]:
 def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
              temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, device: str = "cpu",
              dtype: str = "bfloat16", chat: bool = True, weights: str | None = None,
-             head: str = "bf16",
+             head: str = "bf16", kv: str = "bf16",
              on_text: Callable[[str], None] | None = None) -> GenerationResult:
     """Up to `max_new_tokens` new tokens from the checkpoint directory `model`, stopping at EOS;
     `on_text` receives the decoded text piece by piece as it comes. `weights` (int4, fp8, bf16;
-    None: the checkpoint's own format) and `head` (bf16, fp8) choose the engine's formats; a
-    16-bit checkpoint is quantised at load."""
-    from floorline.traffic import engine_weight_format
+    None: the checkpoint's own format), `head` (bf16, fp8) and `kv` (the KV cache: bf16, the
+    16-bit dtype, or fp8) choose the engine's formats; a 16-bit checkpoint is quantised at
+    load."""
+    from floorline.engine.kvcache import check_format
+    from floorline.traffic import engine_kv_format, engine_weight_format
     from floorline.engine.runtime import Engine
     from floorline.models import resolve_model
     from floorline.models.zoo import shipped_name
 
     if dtype not in DTYPES:
         raise FloorlineError(f"dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
+    check_format(kv)
     if max_new_tokens < 1:
         raise FloorlineError(f"max-new-tokens must be at least 1, got {max_new_tokens}")
     try:
@@ -180,8 +184,9 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
     if cuda and torch.device(device).index is not None:
         torch.cuda.set_device(device)  # the kernels, the graph and the events use the current GPU
     engine = Engine(spec, device, capacity, dtype=DTYPES[dtype][0], sampler=sampler,
-                    weights=weights, head=head)
+                    weights=weights, head=head, kv=kv)
     weight_format = engine_weight_format(engine.weights, engine.head, DTYPES[dtype][1])
+    kv_format = engine_kv_format(kv, DTYPES[dtype][1])
     stream = TextStream(tokenizer, on_text)
 
     torch.manual_seed(seed)
@@ -213,4 +218,4 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
         stream.push(ids[-1])
     engine.close()
     return GenerationResult(prompt_ids, ids, stream.finish(), ids[-1] in stop, dtype,
-                            weight_format, prefill_ms, decode_s * 1e3, device_ms, spec)
+                            weight_format, kv_format, prefill_ms, decode_s * 1e3, device_ms, spec)

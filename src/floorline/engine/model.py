@@ -7,6 +7,7 @@ single CUDA graph:
     per layer:
         qkv  = Wqkv . rmsnorm(h) + b                    norm folded into the product
         rope(q, k); K, V cache[pos] = k, v              one kernel split across the GPU,
+                                                        (fp8 cache: quantised as written)
         attn = attention(q, K, V cache[:pos + 1])       then one combining the splits
         h   += Wo . attn                                added in the product's epilogue
         act  = silu(Wg . rmsnorm(h)) * (Wu . rmsnorm(h))   one pass over both matrices
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from floorline.engine.kvcache import KVCache
 from floorline.engine.quant import dense
 from floorline.engine.weights import DecoderWeights
 from floorline.errors import FloorlineError
@@ -131,19 +133,20 @@ def attention_splits(kv_heads: int, device, per_sm: int = 2) -> int:
 
 
 class Decoder:
-    """Weights, KV cache, step buffers and the decode step of one batch-1 stream."""
+    """Weights, KV cache, step buffers and the decode step of one batch-1 stream; `kv` is the
+    cache's format (floorline.engine.kvcache: "bf16", the weights' 16-bit dtype, or "fp8")."""
 
     def __init__(self, config: DecoderConfig, weights: DecoderWeights, capacity: int, ops,
-                 sampler):
+                 sampler, kv: str = "bf16"):
         if capacity > config.max_positions:
             raise FloorlineError(f"capacity {capacity} is above the model's "
                                  f"{config.max_positions} positions")
         self.config, self.w, self.capacity, self.ops, self.sampler = (
             config, weights, capacity, ops, sampler)
         c, device, dtype = config, weights.device, weights.dtype
-        cache_shape = (c.layers, c.kv_heads, capacity, c.head_dim)
-        self.k_cache = torch.zeros(cache_shape, dtype=dtype, device=device)
-        self.v_cache = torch.zeros(cache_shape, dtype=dtype, device=device)
+        self.cache = KVCache.allocate(kv, c.layers, c.kv_heads, capacity, c.head_dim, dtype,
+                                      device)
+        self.k_cache, self.v_cache = self.cache.k, self.cache.v
         angles = torch.outer(torch.arange(capacity, dtype=torch.float64), inverse_frequencies(c))
         self.cos = angles.cos().float().to(device)
         self.sin = angles.sin().float().to(device)
@@ -167,7 +170,8 @@ class Decoder:
             ops.gemv(self.h, layer.wqkv, self.qkv, norm=layer.ln1, eps=c.eps, bias=layer.bqkv)
             ops.attention(self.qkv, self.k_cache[i], self.v_cache[i], self.cos, self.sin,
                           self.pos, self.attn, scale=self.scale, window=c.windows[i],
-                          scratch=self.scratch, block_t=ATTENTION_BLOCK_T)
+                          scratch=self.scratch, block_t=ATTENTION_BLOCK_T,
+                          scales=self.cache.scales(i))
             ops.gemv(self.attn, layer.wo, self.h, bias=layer.bo, accumulate=True)
             ops.gemv(self.h, layer.wgate, self.act, norm=layer.ln2, eps=c.eps, up=layer.wup)
             ops.gemv(self.act, layer.wdown, self.h, accumulate=True)
@@ -181,7 +185,8 @@ class Decoder:
 
         The prompt goes through in chunks of `chunk` tokens, every layer for one chunk before
         the next, so that activations, products and attention scores scale with the chunk and
-        not with the prompt: a chunk's queries attend to the cache written so far."""
+        not with the prompt: a chunk's queries attend to the cache written so far, read back as
+        it holds them (with an fp8 cache, quantised), so that chunking changes nothing."""
         c, w = self.config, self.w
         n = tokens.numel()
         if n == 0 or n >= self.capacity:
@@ -210,10 +215,10 @@ class Decoder:
                                  c.kv_heads * c.head_dim], dim=-1)
             q = _rotate(q.view(m, c.heads, c.head_dim), cos, sin).to(dt)
             k = _rotate(k.view(m, c.kv_heads, c.head_dim), cos, sin).to(dt)
-            self.k_cache[i, :, start:end] = k.transpose(0, 1)
-            self.v_cache[i, :, start:end] = v.view(m, c.kv_heads, c.head_dim).transpose(0, 1)
-            o = _chunk_attention(q, self.k_cache[i, :, :end], self.v_cache[i, :, :end], start,
-                                 c.windows[i], self.scale)
+            self.cache.write(i, start, k.transpose(0, 1),
+                             v.view(m, c.kv_heads, c.head_dim).transpose(0, 1))
+            o = _chunk_attention(q, *self.cache.read(i, end, dt), start, c.windows[i],
+                                 self.scale)
             x = x + _linear(o.transpose(0, 1).reshape(m, -1), layer.wo, layer.bo, dt).float()
             hn = _rms_norm(x, layer.ln2, c.eps)
             act = (torch.nn.functional.silu(_linear(hn, layer.wgate, None, dt))

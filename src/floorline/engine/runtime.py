@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from floorline.engine.kvcache import check_format
 from floorline.engine.model import Decoder, DecoderConfig, EngineUnsupported
 from floorline.engine.ops import ReferenceOps, TritonOps
 from floorline.engine.quant import FORMATS, HEAD_FORMATS, format_of
@@ -20,19 +21,22 @@ class Engine:
     the CPU). On CUDA, capture() records one step in a CUDA graph and step() replays it.
     weights: the decoder linears' format, "bf16" (the 16-bit `dtype`), "int4" (group
     `group_size`) or "fp8"; None runs a checkpoint in its own format (16-bit for random
-    weights). head: the LM head's, "bf16" (16-bit) or "fp8". `decoder_weights` skips loading.
+    weights). head: the LM head's, "bf16" (16-bit) or "fp8". kv: the KV cache's, "bf16" (the
+    16-bit `dtype`) or "fp8" (e4m3, a scale per token and head). `decoder_weights` skips loading.
     """
 
     def __init__(self, model, device: str, capacity: int, *, seed: int = 0,
                  dtype: torch.dtype = torch.bfloat16, backend: str | None = None,
                  sampler: Sampler | None = None, weights: str | None = None,
-                 head: str = "bf16", group_size: int = 128, decoder_weights=None):
+                 head: str = "bf16", kv: str = "bf16", group_size: int = 128,
+                 decoder_weights=None):
         if weights is not None and weights not in FORMATS:
             raise FloorlineError(f"engine weights must be one of {', '.join(FORMATS)}, not "
                                  f"'{weights}'")
         if head not in HEAD_FORMATS:
             raise FloorlineError(f"engine head must be one of {', '.join(HEAD_FORMATS)}, not "
                                  f"'{head}'")
+        check_format(kv)
         self.config = DecoderConfig.from_hf(model.config)
         if weights == "int4":
             c = self.config
@@ -55,7 +59,8 @@ class Engine:
             decoder_weights = random_weights(self.config, self.device, dtype, seed,
                                              weights=weights or "bf16", **formats)
         self.sampler = sampler or Sampler()
-        self.decoder = Decoder(self.config, decoder_weights, capacity, ops, self.sampler)
+        self.decoder = Decoder(self.config, decoder_weights, capacity, ops, self.sampler, kv)
+        self.kv = kv
         self.weights = format_of(decoder_weights.layers[0].wdown)  # the formats that run
         self.head = format_of(decoder_weights.head)
         self.graph = None

@@ -61,6 +61,18 @@ def _is_out_of_memory(e: BaseException) -> bool:
     )
 
 
+def fit_prompt(ctx: int, decode: int, limit: int | None) -> int:
+    """Prompt tokens for a cell at `ctx` whose session then runs `decode` steps: ctx, or, where
+    that passes the model's limit but ctx does not, fewer, so that the last step takes the
+    last position."""
+    if limit is None or ctx + decode <= limit:
+        return ctx
+    if ctx > limit or limit - decode < 1:
+        raise FloorlineError(f"context above the model's limit: ctx {ctx} with {decode} decode "
+                             f"steps does not fit in {limit} positions")
+    return limit - decode
+
+
 def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
                  trust_remote_code: bool = False) -> CellResult:
     """Measure one cell; every failure a user can meet comes back as an invalid cell."""
@@ -83,13 +95,17 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
                                      "total_bytes": ref_floor.total_bytes}
     if spec.compile:
         cell.details["compile_mode"] = compile_mode(device)
-    # Tokens the cache must hold: the context, then every step the session runs.
-    capacity = key.ctx + GRAPH_WARMUP_STEPS * spec.graphs + key.warmup + key.steps
-    limit = model.max_context
-    if limit is not None and capacity > limit:
-        cell.reason = (f"context above the model's limit: ctx {key.ctx} + {capacity - key.ctx} "
-                       f"decode steps > {limit} positions")
+    # The details say how many cached tokens the first and the last timed step read (the
+    # floor counts ctx).
+    decode = GRAPH_WARMUP_STEPS * spec.graphs + key.warmup + key.steps
+    try:
+        prompt = fit_prompt(key.ctx, decode, model.max_context)
+    except FloorlineError as e:
+        cell.reason = str(e)
         return cell
+    capacity = prompt + decode
+    cell.details.update(prompt_tokens=prompt, timed_steps_read=[capacity - key.steps,
+                                                                capacity - 1])
     reason = unavailable(spec, device)
     if reason is not None:
         cell.reason = f"path unavailable: {reason}"
@@ -98,7 +114,8 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
     try:
         with torch.no_grad():
             session = open_session(spec, model, device, capacity, seed)
-            session.prefill(key.ctx)
+            session.prefill(prompt)
+            cell.details.update(session.prefill_details())
             cell.samples_ms = time_steps(session.step, device, key.steps, key.warmup)
             cell.details["clocks_after_timing"] = clocks(device)
         cell.summary = asdict(summarise(cell.samples_ms))

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from floorline.hardware import DeviceSpec
+from floorline.measure.cell import fit_prompt
 from floorline.measure.timer import time_steps
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, open_session, parse_path
@@ -114,11 +115,12 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     *linears, head = count_parameters(model).matrix_shapes
     matrix_bytes = sum(fmt.linear_bytes(o, i) for o, i in linears) + fmt.head_bytes(*head)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    capacity = ctx + GRAPH_WARMUP_STEPS + warmup + 2 * steps
+    decode = GRAPH_WARMUP_STEPS + warmup + 2 * steps
+    prompt = fit_prompt(ctx, decode, model.max_context)
     with torch.no_grad():
-        session = open_session(spec, model, device, capacity, seed)
+        session = open_session(spec, model, device, prompt + decode, seed)
         try:
-            session.prefill(ctx)
+            session.prefill(prompt)
             median = summarise(time_steps(session.step, device, steps, warmup)).median_ms
             with profile(activities=activities) as prof:
                 for _ in range(steps):

@@ -48,6 +48,7 @@ def run_job(job: Job) -> dict:
     """Runs inside the fresh process: samples per arm, and which arm went first."""
     import torch
 
+    from floorline.measure.cell import fit_prompt
     from floorline.measure.timer import time_steps
     from floorline.models import resolve_model
     from floorline.paths import GraphedSession, open_session, parse_path
@@ -56,12 +57,13 @@ def run_job(job: Job) -> dict:
     model = resolve_model(job.model, job.trust_remote_code)
     specs = [parse_path(a) for a in job.arms]
     rounds = -(-job.steps // (2 * job.block))
-    capacity = job.ctx + GRAPH_WARMUP_STEPS + 2 * job.warmup + 4 * rounds * job.block
+    decode = GRAPH_WARMUP_STEPS + 2 * job.warmup + 4 * rounds * job.block
+    prompt = fit_prompt(job.ctx, decode, model.max_context)
     with torch.no_grad():
         base = PathSpec(specs[0].base, specs[0].compile)
-        inner = open_session(base, model, job.device, capacity, job.weights_seed)
+        inner = open_session(base, model, job.device, prompt + decode, job.weights_seed)
         graphed = GraphedSession(inner) if any(s.graphs for s in specs) else None
-        (graphed or inner).prefill(job.ctx)
+        (graphed or inner).prefill(prompt)
         steps = [graphed.step if s.graphs else inner.step for s in specs]
         if len(steps) == 1:
             samples = [time_steps(steps[0], job.device, job.steps, job.warmup)]

@@ -40,6 +40,10 @@ class Session(ABC):
     def compile(self, mode: str) -> None:
         raise PathUnavailable(f"{type(self).__name__} has no compiled form")
 
+    def prefill_details(self) -> dict:
+        """What the path measured of its last prefill (time to first token), for the cell."""
+        return {}
+
 
 class Path(ABC):
     name: str
@@ -96,6 +100,9 @@ class GraphedSession(Session):
 
     def step(self) -> None:
         self.graph.replay()
+
+    def prefill_details(self) -> dict:
+        return self.inner.prefill_details()
 
     def close(self) -> None:
         self.graph = None

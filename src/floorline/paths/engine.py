@@ -1,11 +1,14 @@
 """`engine`: floorline's own runtime (floorline.engine) under the measurement contract, in
 16-bit (`engine`), int4 (`engine-int4`, group 128) and fp8 (`engine-fp8`) weights, each also with
-an fp8 LM head (`-fp8head`). A quantised path's realised reduction is measured against `engine`."""
+an fp8 LM head (`-fp8head`) or an fp8 KV cache (`-kvfp8`). A quantised path's realised
+reduction is measured against `engine`. Each cell also records its time to first token."""
 
 from __future__ import annotations
 
+import time
+
 from floorline.paths.base import Path, PathUnavailable, Session
-from floorline.traffic import engine_weight_format
+from floorline.traffic import engine_kv_format, engine_weight_format
 
 
 class EngineSession(Session):
@@ -14,15 +17,31 @@ class EngineSession(Session):
 
     def __init__(self, engine, device: str, seed: int):
         self.engine, self.device, self.seed = engine, device, seed
+        self.timing = {}
 
     def prefill(self, ctx: int) -> None:
+        """The prompt's prefill, timed to its first token read back (after a prefill of two
+        tokens, in chunks of one, that compiles the kernels and loads the libraries both kinds
+        of chunk use, so that the time is the prefill's and not the process's start-up); then
+        the step's capture."""
         import torch
 
         tokens = torch.randint(self.engine.config.vocab, (ctx,),
                                generator=torch.Generator().manual_seed(self.seed))
+        self.engine.decoder.prefill(tokens[:2].to(self.engine.device), chunk=1)
+        cuda = self.device.startswith("cuda")
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
         self.engine.prefill(tokens)
-        if self.device.startswith("cuda"):
+        self.engine.token.item()
+        ms = (time.perf_counter() - t0) * 1e3
+        self.timing = {"prefill_ms": ms, "prefill_tokens_per_s": ctx / ms * 1e3}
+        if cuda:
             self.engine.capture()
+
+    def prefill_details(self) -> dict:
+        return self.timing
 
     def step(self) -> None:
         self.engine.step()
@@ -37,13 +56,14 @@ class EngineSession(Session):
 
 
 class EnginePath(Path):
-    def __init__(self, weights: str = "bf16", head: str = "bf16"):
-        self.weights, self.head = weights, head
+    def __init__(self, weights: str = "bf16", head: str = "bf16", kv: str = "bf16"):
+        self.weights, self.head, self.kv = weights, head, kv
         self.name = "engine" + ("" if weights == "bf16" else f"-{weights}") + \
-            ("-fp8head" if head == "fp8" else "")
-        if weights != "bf16" or head != "bf16":
+            ("-fp8head" if head == "fp8" else "") + ("-kvfp8" if kv == "fp8" else "")
+        if weights != "bf16" or head != "bf16" or kv != "bf16":
             self.reference = "engine"
             self.weight_format = engine_weight_format(weights, head)
+            self.kv_dtype = engine_kv_format(kv)
 
     def unavailable(self, device: str) -> str | None:
         if device.startswith("cuda"):
@@ -53,7 +73,7 @@ class EnginePath(Path):
                 return "the engine's kernels need Triton on a CUDA device (pip install triton)"
             import torch
 
-            fp8 = "fp8" in (self.weights, self.head)
+            fp8 = "fp8" in (self.weights, self.head, self.kv)
             if fp8 and torch.cuda.get_device_capability(torch.device(device)) < (8, 9):
                 return "the engine's fp8 kernels need compute capability 8.9 or newer"
         return None
@@ -71,7 +91,7 @@ class EnginePath(Path):
 
         try:
             engine = Engine(model, device, capacity, seed=seed, weights=self.weights,
-                            head=self.head)
+                            head=self.head, kv=self.kv)
         except EngineUnsupported as e:
             raise PathUnavailable(str(e)) from None
         return EngineSession(engine, device, seed)

@@ -15,6 +15,12 @@ o = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c. (Combining in the last prog
 head to finish, behind a counter, measured 3x slower on the H200: one program then walks the
 whole group.) The chunk length follows the live length on the device, so one captured graph
 serves every position; a sliding window moves the start.
+
+An fp8 cache (floorline.engine.kvcache) holds e4m3 values and one fp32 scale per token and kv
+head: the writing program quantises the new k and v (s = max|x| / 448), and the loop reads each
+block's fp8 K and V tiles and its BLOCK_T scales once, folding them where they cost least: the
+K scales multiply the block's scores, the V scales its probabilities before the product with V,
+so no dequantised tile is formed beyond the conversion of the fp8 values (exact in tf32).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import triton
 import triton.language as tl
 
 from floorline.engine.kernels.launch import pdl_options
+from floorline.engine.kvcache import FP8, FP8_MAX, dequantise, quantise
 
 
 @triton.jit
@@ -41,12 +48,39 @@ def _rotated(x_ptr, base, cos_ptr, sin_ptr, pos, rows, rows_ok, D: tl.constexpr)
     return x.to(tl.float32) * cos[None, :] + sign[None, :] * y.to(tl.float32) * sin[None, :]
 
 
+_FP8_MAX = tl.constexpr(FP8_MAX)
+
+
 @triton.jit
-def _attention_split_kernel(qkv_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, part_ptr,
-                            stats_ptr, capacity, scale, window, HQ: tl.constexpr,
+def _e4m3_grid(x):
+    """fp32 values within e4m3's range, rounded to the nearest e4m3 value (ties to even) in
+    fp32, so that the conversion after it is exact. The hardware converts so itself; Triton's
+    interpreter, where the CPU tests run, rounds ties away from zero and loses the carry into
+    the exponent (31.75 becomes 16), so the rounding is done here, the same everywhere: adding
+    2^(e + 20) to a value of exponent e leaves its bits at e4m3's step, 2^(e - 3)."""
+    exponent = tl.maximum(((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+    magic = ((exponent + 20 + 127) << 23).to(tl.float32, bitcast=True)
+    r = (tl.abs(x) + magic) - magic  # below 2^-6 the step stays 2^-9 (subnormals)
+    return tl.where(x < 0, -r, r)
+
+
+@triton.jit
+def _quantised(x, dtype: tl.constexpr):
+    """fp32 head vectors [rows, D] -> (fp8 values, scales [rows], the values as stored), as
+    floorline.engine.kvcache.quantise computes them."""
+    s = tl.max(tl.abs(x), axis=1) / _FP8_MAX
+    q = x / tl.where(s > 0, s, 1.0)[:, None]
+    q = _e4m3_grid(tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX)).to(dtype)
+    return q, s, q.to(tl.float32) * s[:, None]
+
+
+@triton.jit
+def _attention_split_kernel(qkv_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, cos_ptr, sin_ptr, pos_ptr,
+                            part_ptr, stats_ptr, capacity, scale, window, HQ: tl.constexpr,
                             HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                             D: tl.constexpr, BLOCK_T: tl.constexpr, SPLITS: tl.constexpr,
-                            WINDOWED: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+                            WINDOWED: tl.constexpr, KV_FP8: tl.constexpr,
+                            PRECISION: tl.constexpr, PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_wait()
     kv_head = tl.program_id(0)
@@ -62,18 +96,28 @@ def _attention_split_kernel(qkv_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, pa
     q = _rotated(qkv_ptr, 0, cos_ptr, sin_ptr, pos, heads, g_ok, D)
     q = q.to(qkv_ptr.dtype.element_ty).to(tl.float32)  # exact in tf32; scaled after the dots
     k_new = _rotated(qkv_ptr, HQ * D, cos_ptr, sin_ptr, pos, kv_head + one, one < 1, D)
-    k_new = k_new.to(qkv_ptr.dtype.element_ty).to(cache_dtype)
-    v_new = tl.load(qkv_ptr + (HQ + HKV + kv_head) * D + d)
+    k_new = k_new.to(qkv_ptr.dtype.element_ty).to(tl.float32)
+    v_new = tl.load(qkv_ptr + (HQ + HKV + kv_head) * D + d[None, :]).to(tl.float32)
+    # k_stored, v_stored: the new token's k and v as the cache will hold them, in fp32
+    if KV_FP8:
+        k_store, k_s, k_stored = _quantised(k_new, cache_dtype)
+        v_store, v_s, v_stored = _quantised(v_new, cache_dtype)
+    else:
+        k_store, v_store = k_new.to(cache_dtype), v_new.to(cache_dtype)
+        k_stored, v_stored = k_store.to(tl.float32), v_store.to(tl.float32)
     base = kv_head.to(tl.int64) * capacity * D
+    scale_base = kv_head.to(tl.int64) * capacity
     owner = split == SPLITS - 1  # this program also takes the new token
     if owner:
-        tl.store(k_ptr + base + pos * D + d[None, :], k_new)
-        tl.store(v_ptr + base + pos * D + d, v_new.to(cache_dtype))
-    s_new = tl.sum(q * k_new.to(tl.float32), axis=1) * scale
+        tl.store(k_ptr + base + pos * D + d[None, :], k_store)
+        tl.store(v_ptr + base + pos * D + d[None, :], v_store)
+        if KV_FP8:
+            tl.store(ks_ptr + scale_base + pos + one, k_s)
+            tl.store(vs_ptr + scale_base + pos + one, v_s)
+    s_new = tl.sum(q * k_stored, axis=1) * scale
     m_i = tl.where(owner, s_new, float("-inf"))
     l_i = tl.where(owner, 1.0, 0.0) + tl.zeros((G_PAD,), tl.float32)
-    acc = tl.where(owner, 1.0, 0.0) * v_new.to(cache_dtype).to(tl.float32)[None, :] \
-        + tl.zeros((G_PAD, D), tl.float32)
+    acc = tl.where(owner, 1.0, 0.0) * v_stored + tl.zeros((G_PAD, D), tl.float32)
     # The cached span [first, pos), cut into SPLITS chunks of whole blocks.
     first = 0
     if WINDOWED:
@@ -87,12 +131,19 @@ def _attention_split_kernel(qkv_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, pa
         offs = base + t[:, None] * D + d[None, :]
         k = tl.load(k_ptr + offs, mask=t_ok[:, None], other=0.0).to(tl.float32)
         v = tl.load(v_ptr + offs, mask=t_ok[:, None], other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if KV_FP8:
+            k_s = tl.load(ks_ptr + scale_base + t, mask=t_ok, other=0.0)
+            s = s * (k_s * scale)[None, :]
+        else:
+            s = s * scale
         s = tl.where(t_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
+        if KV_FP8:
+            p = p * tl.load(vs_ptr + scale_base + t, mask=t_ok, other=0.0)[None, :]
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
         m_i = m_new
     if PDL:
@@ -121,8 +172,8 @@ def _attention_combine_kernel(part_ptr, stats_ptr, out_ptr, SPLITS: tl.constexpr
 
 
 def _precision(dtype) -> str:
-    # The dots run on fp32 operands. bf16 values (q as stored, K, V) are exact in tf32 (10-bit
-    # mantissa), so tf32 loses nothing on them; an fp32 cache needs full fp32 products.
+    # The dots run on fp32 operands. bf16 and fp8 values (q as stored, K, V) are exact in tf32
+    # (10-bit mantissa), so tf32 loses nothing on them; an fp32 engine needs full fp32 products.
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
@@ -133,26 +184,38 @@ def attention_scratch(n_heads: int, head_dim: int, splits: int, device) -> tuple
 
 
 def decode_attention(qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,
-                     window: int | None, scratch, block_t: int = 64) -> None:
+                     window: int | None, scratch, block_t: int = 64, scales=None) -> None:
     """Rotate the new q and k at `pos`, write k and v to the cache there, and
-    out[h] = softmax(q_h K^T * scale) V over the live span (the new token included)."""
+    out[h] = softmax(q_h K^T * scale) V over the live span (the new token included).
+    An fp8 cache comes with `scales`, its (K scales, V scales) [kv heads, capacity]."""
     n_kv_heads, capacity, head_dim = k_cache.shape
     n_heads = out.numel() // head_dim
     part, stats = scratch
     splits = part.shape[1]
     group = n_heads // n_kv_heads
+    fp8 = _check_scales(k_cache, scales)
+    k_scale, v_scale = scales if fp8 else (stats, stats)  # not read without fp8
     _attention_split_kernel[(n_kv_heads, splits)](
-        qkv, k_cache, v_cache, cos, sin, pos, part, stats, capacity, scale, window or 0,
-        HQ=n_heads, HKV=n_kv_heads, G=group, G_PAD=max(16, triton.next_power_of_2(group)),
-        D=head_dim, BLOCK_T=block_t, SPLITS=splits, WINDOWED=window is not None,
-        PRECISION=_precision(k_cache.dtype), num_warps=4, **pdl_options(qkv))
+        qkv, k_cache, v_cache, k_scale, v_scale, cos, sin, pos, part, stats, capacity, scale,
+        window or 0, HQ=n_heads, HKV=n_kv_heads, G=group,
+        G_PAD=max(16, triton.next_power_of_2(group)), D=head_dim, BLOCK_T=block_t,
+        SPLITS=splits, WINDOWED=window is not None, KV_FP8=fp8,
+        PRECISION=_precision(qkv.dtype), num_warps=4, **pdl_options(qkv))
     _attention_combine_kernel[(n_heads,)](part, stats, out, SPLITS=splits, D=head_dim,
                                           num_warps=8 if splits >= 128 else 4,
                                           **pdl_options(qkv))
 
 
+def _check_scales(k_cache, scales) -> bool:
+    fp8 = k_cache.dtype == FP8
+    if fp8 != (scales is not None):
+        raise ValueError("an fp8 cache needs its scales, and only an fp8 cache has them")
+    return fp8
+
+
 def decode_attention_reference(qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,
-                               window: int | None, scratch=None, block_t: int = 64) -> None:
+                               window: int | None, scratch=None, block_t: int = 64,
+                               scales=None) -> None:
     """The same in PyTorch: rotate and write the cache, then a masked softmax over the whole
     capacity (no host read of pos, so it can be captured too)."""
     n_kv_heads, capacity, head_dim = k_cache.shape
@@ -162,14 +225,25 @@ def decode_attention_reference(qkv, k_cache, v_cache, cos, sin, pos, out, *, sca
     rotated = (n_heads + n_kv_heads) * head_dim
     x1, x2 = qkv[:rotated].view(-1, head_dim).float().chunk(2, dim=-1)
     r = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(qkv.dtype)
-    k_cache.index_copy_(1, index, r[n_heads:].unsqueeze(1).to(k_cache.dtype))
-    v_cache.index_copy_(1, index, qkv[rotated:].view(n_kv_heads, 1, head_dim).to(v_cache.dtype))
+    k_new, v_new = r[n_heads:].unsqueeze(1), qkv[rotated:].view(n_kv_heads, 1, head_dim)
+    if _check_scales(k_cache, scales):
+        for x, cache, cache_scale in ((k_new, k_cache, scales[0]), (v_new, v_cache, scales[1])):
+            values, x_scale = quantise(x)
+            # index_copy_ has no fp8 kernel on the CPU: the bytes are copied as they are
+            cache.view(torch.uint8).index_copy_(1, index, values.view(torch.uint8))
+            cache_scale.index_copy_(1, index, x_scale)
+        keys, values = (dequantise(t, ts, torch.float32) for t, ts in zip((k_cache, v_cache),
+                                                                           scales))
+    else:
+        k_cache.index_copy_(1, index, k_new.to(k_cache.dtype))
+        v_cache.index_copy_(1, index, v_new.to(v_cache.dtype))
+        keys, values = k_cache.float(), v_cache.float()
     q = r[:n_heads].view(n_kv_heads, -1, head_dim).float() * scale
-    scores = torch.einsum("hgd,htd->hgt", q, k_cache.float())
+    scores = torch.einsum("hgd,htd->hgt", q, keys)
     t = torch.arange(capacity, device=k_cache.device)
     n = index + 1
     live = t < n
     if window is not None:
         live &= t >= n - window
     probs = scores.masked_fill(~live, float("-inf")).softmax(dim=-1)
-    out.copy_(torch.einsum("hgt,htd->hgd", probs, v_cache.float()).reshape(-1))
+    out.copy_(torch.einsum("hgt,htd->hgd", probs, values).reshape(-1))
