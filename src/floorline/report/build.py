@@ -16,11 +16,11 @@ from floorline.store import Store
 
 FIGURES = (
     ("headline", "Every path against the memory floor", "runs", headline),
-    ("fraction", "Fraction of the memory floor against datasheet peak bandwidth", "cells",
+    ("fraction", "Fraction of the memory floor against peak bandwidth", "cells",
      figures.fraction_vs_bandwidth),
     ("context", "ms/step against context, with each model's floor", "cells", figures.ms_vs_context),
     ("ab", "A/B experiments with 95% intervals, the study's beside", "ab", figures.ab_forest),
-    ("quantised", "Quantised paths against their own floor and the bf16 baseline", "cells",
+    ("quantised", "Quantised paths against their own floor and their 16-bit reference", "cells",
      figures.quantised),
     ("decomposition", "Where each millisecond of a step goes", "explanations", figures.decomposition),
 )
