@@ -25,7 +25,7 @@ def ladder(cells: list[dict]) -> list[dict]:
     bars, None when it has only quantised ones."""
     groups: dict[tuple, dict[str, list[dict]]] = {}
     for c in cells:
-        if c["status"] == "valid" and c["median_ms"]:
+        if c["status"] == "valid" and c["median_ms"] and c["floor_ms"]:
             groups.setdefault((c["model"], c["gpu"], c["ctx"]), {}).setdefault(c["path"], []).append(c)
     panels = []
     for (model, gpu, ctx), paths in sorted(groups.items()):
