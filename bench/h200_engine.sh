@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# floorline's engine on the lent H200 (issue 6), beside the best stock path, into one results
+# floorline's engine on an H200, beside the best stock path, into one results
 # database. Resumable: cells already valid under the same environment are skipped.
 #   bash bench/h200_engine.sh check     engine vs transformers (bf16 7B/8B logits, fp32 greedy)
 #   bash bench/h200_engine.sh kernels   each kernel's GB/s at the Qwen2.5-7B and Llama-3.1-8B shapes
@@ -8,7 +8,7 @@
 #   bash bench/h200_engine.sh nopdl     engine cells without programmatic dependent launch (A/B)
 #   bash bench/h200_engine.sh probe     the card's measured read bandwidth, for "of measured"
 #   bash bench/h200_engine.sh explain   where the engine's step time goes, kernel by kernel
-#   bash bench/h200_engine.sh all       all of the above, then torchao-int4+compile+graphs (issue 4)
+#   bash bench/h200_engine.sh all       all of the above, then torchao-int4+compile+graphs
 #   bash bench/h200_engine.sh quant     the engine's int4 and fp8 paths beside engine bf16: their
 #                                       kernels at the Qwen2.5-7B shapes, then the sweep
 #   bash bench/h200_engine.sh quant-check   their logits against transformers on dequantised weights
@@ -72,8 +72,8 @@ case ${1:?stage} in
     for p in ${EXPLAIN_PATHS:-engine}; do for m in ${MODELS//,/ }; do for c in ${CTX//,/ }; do
       fl explain --db "$DB" --model "$m" --ctx "$c" --path "$p" --json > "$DEST/h200_explain_${p}_${m}_$c.json"
     done; done; done ;;
-  all)  # the whole bench in one run, most important first (a device call is 10 minutes at most:
-        # start it with setsid and collect with `snapshot` from later calls)
+  all)  # the whole bench in one run, most important first (where a session on the GPU machine
+        # is time-limited, start it with setsid and collect it with `snapshot` later)
     export DEST
     MODELS=qwen2.5-7b PATHS=engine,hf-static+graphs,hf-static+compile+graphs bash "$0" sweep || echo "stage failed"
     MODELS=llama-3.1-8b PATHS=engine,hf-static+graphs bash "$0" sweep || echo "stage failed"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 3's evidence on this GPU, into the study's results database: the card's probe, where
+# Why a fast GPU's step misses the floor, measured on this GPU into the study's results database: the card's probe, where
 # each millisecond goes for hf-eager and hf-static+graphs at ctx 2048, and the CUDA Graphs A/B
 # (hf-static vs hf-static+graphs, N=10 fresh sessions) at ctx 2048 and 16384.
 #   bash bench/h200_explain.sh [explain|ab2048|ab16384|all]

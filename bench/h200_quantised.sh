@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The quantised paths on the lent H200 (issue 4), beside their 16-bit references, into one
+# The quantised paths on an H200, beside their 16-bit references, into one
 # results database. Resumable: cells already valid under the same environment are skipped.
 #   bash bench/h200_quantised.sh setup            install the carried wheels
 #   bash bench/h200_quantised.sh build-llamacpp   build llama.cpp with CUDA (sm_90) for llama-cpp-python
@@ -11,10 +11,10 @@
 # Carried in .whl/ (no registry there): wheels of bitsandbytes (CUDA 13.0 library only),
 # torchao, exllamav2, gguf, diskcache; the llama-cpp-python sdist as .tar.xz, stripped of what a
 # build does not need; floorline_marlin.so (kernels/marlin/build.sh). Built artefacts are kept in
-# .whl/built/ when a call carries them back.
-# A device call sends the working tree anew, tracked databases included: a sweep left running in
-# the background across calls loses its rows to the fresh copy. Give such a run DB=/tmp/... and
-# copy that back (sqlite3's backup folds in the WAL).
+# .whl/built/ when a run copies them back.
+# Where each run copies the working tree to the GPU machine anew, tracked databases included, a
+# sweep left running in the background across runs loses its rows to the fresh copy. Give such
+# a run DB=/tmp/... and copy that back (sqlite3's backup folds in the WAL).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DB=${DB:-bench/results/h200_quantised.db}

@@ -1,5 +1,5 @@
-"""The README's table of the quantised paths on the H200, printed from the committed results
-(bench/results/h200_quantised_cells.json, written by `floorline show --json`).
+"""The table of the quantised paths on the H200 in docs/results-h200.md, printed from the
+committed results (bench/results/h200_quantised_cells.json, written by `floorline show --json`).
 
     python3 bench/quantised_table.py
 """

@@ -1,4 +1,4 @@
-"""The README's H200 table, printed from the committed results files.
+"""The H200 table of docs/results-h200.md, printed from the committed results files.
 
     python3 bench/readme_table.py
 """

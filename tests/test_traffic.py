@@ -48,7 +48,7 @@ def test_bf16_floor_matches_hand_count(name, ctx):
 
 
 def test_qwen_reference_counts_and_h200_floor():
-    # The issue's reference counts and ../shared/BASELINES.md's H200 floors (2.97 / 3.14 ms).
+    # Reference parameter counts and the hand-run baselines' H200 floors (2.97 / 3.14 ms).
     counts = count_parameters(resolve_model("qwen2.5-7b"))
     assert (counts.total, counts.input_embedding, counts.tied) == (7_615_616_512, 544_997_376, False)
     h200 = lookup("h200")

@@ -424,7 +424,7 @@ def report(
     out.print(f"wrote {out_dir / 'index.html'} and {out_dir / 'report.md'} "
               f"({len(written['figures'])} figures)", highlight=False)
     for line in written["missing"]:
-        err.print(f"missing: {line}", highlight=False)
+        err.print(f"missing: {line}", highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command("predict")

@@ -95,7 +95,7 @@ def model_params(L, device: str):
 
 # Loads the file onto the cell's device as the session will (once per file, seconds). A broken
 # llama.cpp build kills the process it runs in (seen on the H200: a CUDA build segfaulting in
-# print_info, README): a sweep must lose that cell, not the rest of its grid.
+# print_info, docs/results-h200.md): a sweep must lose that cell, not the rest of its grid.
 _PROBE = """
 import sys
 from floorline.paths.llamacpp import load_llama_cpp, model_params
@@ -119,7 +119,7 @@ def probe_load(file: FilePath, device: str) -> None:
     if code < 0:
         raise PathUnavailable(f"llama.cpp died of {signal.Signals(-code).name} loading "
                               f"{file.name} in a probe process: a broken build, or a file it cannot "
-                              "read (README: building llama.cpp with CUDA)")
+                              "read (docs/results-h200.md: building llama.cpp with CUDA)")
     _probed.add((str(file), device))
 
 

@@ -6,55 +6,107 @@ from __future__ import annotations
 import base64
 import html
 import io
+import re
 from pathlib import Path
 
 from floorline.errors import FloorlineError
 from floorline.report import figures
+from floorline.report.headline import headline
 from floorline.store import Store
 
 FIGURES = (
-    ("fraction", "Fraction of the memory floor against datasheet peak bandwidth", "cells",
+    ("headline", "Every path against the memory floor", "runs", headline),
+    ("fraction", "Fraction of the memory floor against peak bandwidth", "cells",
      figures.fraction_vs_bandwidth),
     ("context", "ms/step against context, with each model's floor", "cells", figures.ms_vs_context),
     ("ab", "A/B experiments with 95% intervals, the study's beside", "ab", figures.ab_forest),
-    ("quantised", "Quantised paths against their own floor and the bf16 baseline", "cells",
+    ("quantised", "Quantised paths against their own floor and their 16-bit reference", "cells",
      figures.quantised),
     ("decomposition", "Where each millisecond of a step goes", "explanations", figures.decomposition),
 )
 
-SOURCE_NAMES = {"cells": "cells", "ab": "A/B experiments", "explanations": "explanations"}
+SOURCE_NAMES = {"runs": "cells", "cells": "cells", "ab": "A/B experiments", "explanations": "explanations"}
+
+# How to read a figure, where it is not plain from its axes.
+NOTES = {
+    "headline": (
+        "One panel per model, GPU and context; one bar per path, slowest at the top, on a linear "
+        "axis of ms per decode step. The dashed line is the memory floor of 16-bit weights; the "
+        "black tick on each bar is that bar's own floor (lower for a quantised format, whose bars "
+        "are hatched). Each label is the floor over the bar's ms/step, the fraction of the floor "
+        "it reaches: 100% would be a step that only moves its bytes at the peak bandwidth. A path "
+        "measured more than once (runs merged from several databases, or re-measured) is drawn at "
+        "the median of its runs, each run a dot."),
+}
+
+# Why each table can be empty, and what fills it.
+EMPTY = {
+    "Cells (the newest row of each)": figures.NO_CELLS,
+    "Forecast, leave-one-out": (
+        "This table is empty: each valid cell on a GPU of the catalogue is forecast from the "
+        "other cells of its path, and no path here has two such cells (a CPU's cells are not "
+        "forecast). `floorline sweep` on a GPU at two contexts or more fills it."),
+    "Forecast of the study's published hf-eager cells": (
+        "This table is empty: the study's cells are forecast from valid hf-eager cells on a GPU "
+        "of the catalogue, and this database holds none. `floorline sweep --paths hf-eager` on "
+        "a GPU fills it."),
+    "A/B experiments": "This database holds no A/B experiment: `floorline ab` runs one.",
+    "Environments": "There are no cells, so no environments: `floorline sweep` records each cell's.",
+}
 
 
-def _table(header: list[str], rows: list[list]) -> tuple[str, str]:
-    """The same table as HTML and as Markdown."""
-    fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
-    cells = [[fmt(v) for v in row] for row in rows]
+def md(text: str) -> str:
+    """Text from a path, config or database, escaped so that Markdown shows it as it is."""
+    return re.sub(r"([\\`*_\[\]<>|&~#])", r"\\\1", str(text).replace("\n", " "))
+
+
+def prose_html(text: str) -> str:
+    """Text as HTML: escaped, with `code` spans (the Markdown form) as <code> elements."""
+    return re.sub(r"`([^`]*)`", r"<code>\1</code>", html.escape(str(text)))
+
+
+def _fmt(v, percent: bool = False) -> str:
+    if v is None:
+        return "-"
+    if percent:
+        return figures.percent(v)
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _table(header: list[str], rows: list[list], percent: tuple[str, ...] = ()) -> tuple[str, str]:
+    """The same table as HTML and as Markdown; columns named in `percent` hold fractions."""
+    cells = [[_fmt(v, h in percent) for h, v in zip(header, row)] for row in rows]
     h = ("<table><tr>" + "".join(f"<th>{html.escape(x)}</th>" for x in header) + "</tr>"
-         + "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>" for r in cells)
+         + "".join("<tr>" + "".join(f"<td>{prose_html(v)}</td>" for v in r) + "</tr>" for r in cells)
          + "</table>")
     m = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-                  + ["| " + " | ".join(v.replace("|", "/") for v in r) + " |" for r in cells])
+                  + ["| " + " | ".join(md(v) for v in r) + " |" for r in cells])
     return h, m
 
 
 def build_report(db: Path, out: Path) -> dict:
     """Writes index.html, report.md and one PNG per figure into `out`; returns what it wrote."""
     store = Store(db, read_only=True)
-    sources = {"cells": store.rows(), "ab": store.ab_summaries(), "explanations": store.explanations()}
+    # The headline draws every stored row (runs merged from several databases, re-measures); the
+    # rest, the newest row of each cell.
+    sources = {"runs": store.rows(latest=False), "cells": store.rows(), "ab": store.ab_summaries(), "explanations": store.explanations()}
     out.mkdir(parents=True, exist_ok=True)
     html_parts, md_parts, written = [], [], {"figures": [], "missing": []}
     title = f"floorline report: {db.name}"
     html_parts.append(f"<h1>{html.escape(title)}</h1>")
-    md_parts.append(f"# {title}")
+    md_parts.append(f"# floorline report: {md(db.name)}")
     for number, (key, caption, source, draw) in enumerate(FIGURES, 1):
         fig, ids, missing = draw(sources[source])
         heading = f"{number}. {caption}"
         html_parts.append(f"<h2>{html.escape(heading)}</h2>")
         md_parts.append(f"## {heading}")
+        if key in NOTES and fig is not None:
+            html_parts.append(f"<p>{prose_html(NOTES[key])}</p>")
+            md_parts.append(NOTES[key])
         if missing:
             written["missing"].append(f"figure {number}: {missing}")
-            html_parts.append(f"<p class='missing'>Missing: {html.escape(missing)}</p>")
-            md_parts.append(f"**Missing:** {missing}")
+            html_parts.append(f"<p class='missing'>{prose_html(missing)}</p>")
+            md_parts.append(f"*{missing}*")
         if fig is not None:
             png = io.BytesIO()
             fig.savefig(png, format="png", dpi=110)
@@ -71,7 +123,7 @@ def build_report(db: Path, out: Path) -> dict:
                  if ids else f"Drawn from no {SOURCE_NAMES[source]} of this database")
         if key in ("fraction", "ab", "quantised"):
             drawn += f"; reference series from {figures.study()['provenance']}"
-        html_parts.append(f"<p class='source'>{html.escape(drawn)}.</p>")
+        html_parts.append(f"<p class='source'>{prose_html(drawn)}.</p>")
         md_parts.append(drawn + ".")
 
     from floorline.predict import leave_one_out, study_check
@@ -88,7 +140,7 @@ def build_report(db: Path, out: Path) -> dict:
     cell_rows = [[c["id"], c["model"], c["ctx"], c["path"], c["gpu"], c["status"], c["median_ms"],
                   c["floor_ms"], c["fraction_of_floor"], c["achieved_gbps"], c["reason"]]
                  for c in sources["cells"]]
-    sections = [("Cells", ["id", "model", "ctx", "path", "gpu", "status", "ms/step", "floor ms",
+    sections = [("Cells (the newest row of each)", ["id", "model", "ctx", "path", "gpu", "status", "ms/step", "floor ms",
                            "of floor", "GB/s", "reason"], cell_rows)]
     if loo:
         mae = lambda rows: sum(abs(r["error"]) for r in rows) / len(rows)  # noqa: E731
@@ -97,7 +149,7 @@ def build_report(db: Path, out: Path) -> dict:
         text = (f"Leave-one-out over {len(loo)} cells: mean absolute error {mae(loo):.1%} "
                 f"({per_path}).")
         html_parts.append(f"<h2>Forecast accuracy</h2><p>{html.escape(text)}</p>")
-        md_parts.append(f"## Forecast accuracy\n\n{text}")
+        md_parts.append(f"## Forecast accuracy\n\n{md(text)}")
     sections.append(("Forecast, leave-one-out", ["cell", "model", "gpu", "ctx", "path", "measured ms",
                                                  "forecast ms", "error"], forecast_rows))
     sections.append(("Forecast of the study's published hf-eager cells", ["gpu", "model", "ctx",
@@ -108,12 +160,13 @@ def build_report(db: Path, out: Path) -> dict:
                      [[k, *(f.get(x) for x in ("device", "driver", "cuda", "torch", "transformers", "floorline"))]
                       for k, f in fingerprints.items()]))
     for name, header, rows in sections:
-        h, m = _table(header, rows)
-        html_parts.append(f"<h2>{name}</h2>" + (h if rows else "<p class='missing'>none</p>"))
-        md_parts.append(f"## {name}\n\n" + (m if rows else "none"))
+        h, m = _table(header, rows, percent=("of floor",))
+        html_parts.append(f"<h2>{html.escape(name)}</h2>"
+                          + (h if rows else f"<p class='missing'>{prose_html(EMPTY[name])}</p>"))
+        md_parts.append(f"## {name}\n\n" + (m if rows else f"*{EMPTY[name]}*"))
     style = ("body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}"
              "img{max-width:100%}table{border-collapse:collapse;font-size:12px}"
-             "td,th{border:1px solid #ccc;padding:2px 6px}.missing{color:#b00}.source{color:#555;font-size:12px}")
+             "td,th{border:1px solid #ccc;padding:2px 6px}.missing{color:#b00}code{background:#f3f3f3}.source{color:#555;font-size:12px}")
     (out / "index.html").write_text(
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{style}</style></head><body>{''.join(html_parts)}</body></html>\n")

@@ -11,8 +11,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter, PercentFormatter  # noqa: E402
+
+# Names come from paths, configs and databases: drawn as text, never parsed as math ($...$);
+# log axes are therefore labelled as plain numbers (plain() below), not as powers of ten.
+plt.rcParams["text.parse_math"] = False
 
 STUDY_FILE = Path(__file__).with_name("study.json")
+NO_CELLS = "There are no valid cells yet: `floorline sweep` measures them."
 
 
 @cache
@@ -20,12 +26,28 @@ def study() -> dict:
     return json.loads(STUDY_FILE.read_text())
 
 
+def percent(fraction: float) -> str:
+    """0.056 -> '5.6%'; below 0.1%, two significant digits ('0.033%') rather than '0.0%'."""
+    return f"{fraction:.1%}" if fraction >= 0.001 else f"{fraction * 100:.2g}%"
+
+
 def _valid(cells):
     return [c for c in cells if c["status"] == "valid"]
 
 
+def _log_range(values):
+    """A log axis's limits holding every value, with a margin either side."""
+    return min(values) / 1.6, max(values) * 1.6
+
+
+def plain(axis) -> None:
+    """Tick labels of a log axis as plain numbers (100, 1000, 0.1)."""
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+
+
 def fraction_vs_bandwidth(cells):
-    """1. Fraction of the memory floor against datasheet peak bandwidth."""
+    """Fraction of the memory floor against peak bandwidth (the datasheet's, or the measured
+    streaming read where a device has none, as on a CPU). Log x: bandwidths span 20 to 5000 GB/s."""
     from floorline.hardware import lookup
 
     cells = _valid(cells)
@@ -39,19 +61,25 @@ def fraction_vs_bandwidth(cells):
                s=200, color="black", label="study (published; every-parameter bytes)")
     for r in ref:
         ax.annotate(f"{r['gpu']} {r['model']} ctx {r['ctx']}", (lookup(r["gpu"]).peak_gbps, r["value"]),
-                    textcoords="offset points", xytext=(6, 4), fontsize=8)
-    ax.set(xscale="log", xlabel="datasheet peak bandwidth (GB/s)", ylim=(0, 1.05), xlim=(150, 12000),
+                    textcoords="offset points", xytext=(-8, 6), ha="right", fontsize=8)
+    peaks = [c["peak_gbps"] for c in cells] + [lookup(r["gpu"]).peak_gbps for r in ref]
+    top = max([c["fraction_of_floor"] for c in cells] + [r["value"] for r in ref] + [1.0])
+    ax.set(xscale="log", xlabel="peak bandwidth (GB/s; datasheet, or measured where there is none)",
+           ylim=(0, top * 1.05), xlim=_log_range(peaks),
            ylabel="fraction of the memory floor (floor / measured ms)",
            title="Fraction of the memory floor against peak bandwidth")
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    plain(ax.xaxis)
     ax.legend(fontsize=7)
-    return fig, [c["id"] for c in cells], None if cells else "no valid cells yet"
+    return fig, [c["id"] for c in cells], None if cells else NO_CELLS
+
 
 
 def ms_vs_context(cells):
-    """2. ms/step against context, per model and path, with each model's floor as a line."""
+    """ms/step against context, per model and path, with each model's floor as a line."""
     cells = _valid(cells)
     if not cells:
-        return None, [], "no valid cells yet"
+        return None, [], NO_CELLS
     groups = sorted({(c["model"], c["gpu"]) for c in cells})
     fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4.2), squeeze=False)
     for ax, (model, gpu) in zip(axes[0], groups):
@@ -65,13 +93,17 @@ def ms_vs_context(cells):
         ax.plot(*zip(*floor), "k--", label="floor")
         ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="ms/step (median, p10-p90)",
                title=f"{model} on {gpu}")
+        contexts = sorted({c["ctx"] for c in mine})
+        ax.set_xticks(contexts, [str(c) for c in contexts], minor=False)
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+        plain(ax.yaxis)
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig, [c["id"] for c in cells], None
 
 
 def ab_forest(experiments):
-    """3. A/B speedups with their 95% intervals, the study's beside."""
+    """A/B speedups with their 95% intervals, the study's beside."""
     rows = [(f"{e['b']} vs {e['a']}, {e['model']} ctx {e['ctx']}, {e['gpu']} (N={e['sessions']})",
              e["speedup"], e["ci_low"], e["ci_high"], "floorline") for e in experiments if e["speedup"]]
     rows += [(f"{r['b']} vs {r['a']}, ctx {r['ctx']}, {r['gpu']} (study)", r["speedup"], r["ci_low"],
@@ -88,12 +120,16 @@ def ab_forest(experiments):
     ax.set(xlabel="speedup of B over A (mean session ratio, 95% BCa CI)",
            title="A/B experiments (open marker: no published interval)")
     fig.tight_layout()
-    missing = None if experiments else "no A/B experiment in this database; the study's only"
+    missing = None if experiments else (
+        "This database holds no A/B experiment, so only the study's are drawn: `floorline ab` "
+        "runs one (for example `floorline ab --a hf-static --b hf-static+graphs`).")
     return fig, [e["id"] for e in experiments], missing
 
 
 def quantised(cells):
-    """4. Quantised paths: ms/step against their own floor and their 16-bit reference."""
+    """Quantised paths: ms/step as bars on a linear axis, each with its own floor and its 16-bit
+    reference (the same runtime and options on 16-bit weights) as marks, the study's L4 cells
+    beside."""
     from floorline.hardware import lookup
     from floorline.measure.reduction import reductions
     from floorline.models import resolve_model
@@ -105,24 +141,34 @@ def quantised(cells):
     ref = study()["quantised_ms"]
     # The study names Qwen2.5-7B as its model; its quantised cells are taken to be that model.
     spec, l4 = resolve_model("qwen2.5-7b"), lookup("l4")
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    labels = [f"study L4: {r['path']}" for r in ref] + [f"{c['model']} {c['gpu']} ctx {c['ctx']}: {c['path']}" for c in quant]
+    labels = [f"study, L4: {r['path']}" for r in ref] + [
+        f"{c['model']} {c['gpu']} ctx {c['ctx']}: {c['path']}" for c in quant]
     measured = [r["ms"] for r in ref] + [c["median_ms"] for c in quant]
     floors = [floor(spec, l4, 2048, r["weight_format"]).floor_ms for r in ref] + [c["floor_ms"] for c in quant]
     baselines = [ref[0]["ms"]] * len(ref) + [
         by_id[reduced[c["id"]]["reference_id"]]["median_ms"]
         if reduced.get(c["id"], {}).get("reference_id") else None for c in quant]
-    x = range(len(labels))
-    ax.bar([i - 0.2 for i in x], measured, 0.4, label="measured ms/step")
-    ax.bar([i + 0.2 for i in x], floors, 0.4, label="its own floor")
-    ax.scatter([i for i in x if baselines[i]], [b for b in baselines if b], marker="_", s=300,
-               color="black", zorder=3, label="16-bit reference (same runtime and options)")
-    ax.set_xticks(list(x), labels, rotation=35, ha="right", fontsize=6)
-    ax.set_yscale("log")
-    ax.set(ylabel="ms/step (log)", title="Quantised paths against their floors and 16-bit references")
-    ax.legend(fontsize=7)
+    y = list(range(len(labels)))
+    fig, ax = plt.subplots(figsize=(11, 0.3 * len(labels) + 1.6))
+    ax.barh(y, measured, 0.7, color=["grey"] * len(ref) + ["tab:orange"] * len(quant),
+            hatch="//", edgecolor="white", label="measured ms/step (grey: the study's)")
+    ax.scatter(floors, y, marker="|", s=150, color="black", zorder=3, label="its own floor")
+    ax.scatter([b for b in baselines if b], [i for i in y if baselines[i]], marker="D", s=18,
+               color="tab:blue", zorder=3, label="16-bit reference (same runtime and options)")
+    for i in y:
+        ax.annotate(f"{percent(floors[i] / measured[i])} of its floor", (max(measured[i], baselines[i] or 0), i),
+                    xytext=(6, 0), textcoords="offset points", va="center", fontsize=7)
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_xlim(0, max(measured + [b for b in baselines if b]) * 1.35)
+    ax.set(xlabel="ms per decode step (median)",
+           title="Quantised paths against their floors and 16-bit references")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    missing = None if quant else "no quantised cells measured yet; the study's published L4 cells only"
+    missing = None if quant else (
+        "This database holds no quantised cells, so only the study's published L4 cells are "
+        "drawn: `floorline sweep --paths engine-int4,bnb-nf4` measures some (`floorline paths` "
+        "lists the quantised paths this machine can run).")
     refs = [reduced[c["id"]]["reference_id"] for c in quant if reduced.get(c["id"], {}).get("reference_id")]
     return fig, [c["id"] for c in quant] + sorted(set(refs)), missing
 
@@ -132,9 +178,10 @@ PARTS = (("floor_ms", "floor"), ("lost_in_kernels_ms", "bandwidth lost in GEMV +
 
 
 def decomposition(explanations):
-    """5. Where each millisecond goes, as stacked bars."""
+    """Where each millisecond goes, as stacked bars."""
     if not explanations:
-        return None, [], "no `floorline explain` results yet"
+        return None, [], ("This database holds no decomposition of a step yet: `floorline explain` "
+                          "measures one (for example `floorline explain --path hf-eager`).")
     fig, ax = plt.subplots(figsize=(7, 0.6 * len(explanations) + 1.8))
     labels = [f"{e['model']} ctx {e['ctx']} {e['path']} ({e['gpu']})" for e in explanations]
     left = [0.0] * len(explanations)
