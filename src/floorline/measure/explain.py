@@ -13,9 +13,12 @@ stretches the gaps. On the CPU, "kernels" are aten operators (own time) on the h
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 
+from floorline.errors import FloorlineError
 from floorline.hardware import DeviceSpec
+from floorline.measure.cell import check_floor
 from floorline.measure.timer import time_steps
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, open_session, parse_path
@@ -102,6 +105,25 @@ def decompose(classes: dict[str, dict], events, steps: int, median_ms: float,
     }
 
 
+def capacity(ctx: int, steps: int, warmup: int) -> int:
+    """Tokens the cache holds by the end: the context, graph warm-up, warm-up, the timed steps
+    and the profiled ones."""
+    return ctx + GRAPH_WARMUP_STEPS + warmup + 2 * steps
+
+
+def check_context(model_name: str, ctx: int, path: str, gpu: DeviceSpec, steps: int,
+                  warmup: int) -> None:
+    """One line where the sweep would call this cell invalid: a context (with the steps run
+    after it) above the model's positions, or a floor of impossible bytes."""
+    model = resolve_model(model_name)
+    needed, limit = capacity(ctx, steps, warmup), model.max_context
+    if limit is not None and needed > limit:
+        raise FloorlineError(f"context above the model's limit: ctx {ctx} + {needed - ctx} decode "
+                             f"steps > {limit} positions of {model.name}")
+    runtime = REGISTRY[parse_path(path).base]
+    check_floor(floor(model, gpu, ctx, runtime.weight_format, runtime.kv_dtype))
+
+
 def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
             steps: int = 16, warmup: int = 8, seed: int = 0) -> dict:
     import torch
@@ -114,9 +136,10 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     *linears, head = count_parameters(model).matrix_shapes
     matrix_bytes = sum(fmt.linear_bytes(o, i) for o, i in linears) + fmt.head_bytes(*head)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    capacity = ctx + GRAPH_WARMUP_STEPS + warmup + 2 * steps
+    # Kineto writes its own start and stop lines to stderr unless told otherwise.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "99")
     with torch.no_grad():
-        session = open_session(spec, model, device, capacity, seed)
+        session = open_session(spec, model, device, capacity(ctx, steps, warmup), seed)
         try:
             session.prefill(ctx)
             median = summarise(time_steps(session.step, device, steps, warmup)).median_ms

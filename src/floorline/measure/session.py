@@ -12,6 +12,8 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
+from floorline.errors import one_line
+
 RESULT_TAG = "floorline-session-result "
 
 
@@ -98,7 +100,7 @@ def main(argv: list[str]) -> None:
     try:
         result = run_job(Job(**data))
     except Exception as e:  # reported to the parent as this session's failure
-        result = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        result = {"error": f"{type(e).__name__}: {one_line(e)}"}
     print(RESULT_TAG + json.dumps(result), flush=True)
 
 
