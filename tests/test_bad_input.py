@@ -189,6 +189,8 @@ def test_floor_notes_a_context_above_the_models_positions():
     (["ab", "--a", "hf-eager", "--b", "hf-static", "--seed", str(2**64)], "--seed"),
     (["generate", "--model", "x", "--prompt", "p", "--max-new-tokens", str(2**63)],
      "--max-new-tokens"),
+    (["floor", "--model", " ", "--gpu", "l4"], "the model is empty"),
+    (["generate", "--model", "x", "--prompt", "p", "--temperature", "inf"], "temperature"),
     (["sweep", "--no-such-option"], "--no-such-option"),
     (["floor", "--gpu", "l4"], "--model"),
 ])
@@ -256,6 +258,11 @@ def test_invalid_json_in_a_row_is_one_line_and_the_rest_is_shown(tmp_path):
     with pytest.raises(FloorlineError, match="cells row 2"):
         Store(db, read_only=True).rows()  # readers that need every row stop at it
     refused("merge", tmp_path / "out.db", db, naming="cells row 2")
+    refused("report", "--db", db, "--out", tmp_path / "report", naming="cells row 2")
+    sqlite3.connect(db).execute("UPDATE cells SET median_ms = 'fast' WHERE ctx = 32").connection.commit()
+    code, out, err = run("show", "--db", db, "--json")
+    assert code == 2 and [r["ctx"] for r in json.loads(out)] == [8]
+    assert "2 damaged row(s)" in err and "cells row 3: median_ms is not a number" in err
 
 
 def test_a_corrupt_page_is_one_line(tmp_path):

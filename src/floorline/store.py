@@ -72,6 +72,12 @@ COLUMNS = ("id", "model", "ctx", "path", "steps", "warmup", "gpu", "status", "re
            "fingerprint", "details", "finished_at")
 
 
+# The cells' numeric columns (SQLite would store any value in them).
+NUMBERS = ("ctx", "steps", "warmup", "median_ms", "p10_ms", "p90_ms", "mean_ms", "floor_ms",
+           "floor_ms_all_params", "fraction_of_floor", "achieved_gbps", "weight_bytes", "kv_bytes",
+           "total_bytes", "peak_gbps")
+
+
 def parse_json(text, where: str, column: str, kind=dict):
     """A JSON column's value; one line naming the row where it is not valid JSON of `kind`."""
     try:
@@ -218,6 +224,10 @@ class Store:
         for values in self._read(f"SELECT {', '.join(COLUMNS)} FROM cells {where} ORDER BY id"):
             row = dict(zip(COLUMNS, values))
             try:
+                for k in NUMBERS:
+                    if row[k] is not None and not isinstance(row[k], (int, float)):
+                        raise FloorlineError(f"{self.path}: cells row {row['id']}: {k} is not a "
+                                             f"number but {row[k]!r} (a damaged row)")
                 for k, kind in (("samples_ms", list), ("fingerprint", dict), ("details", dict)):
                     row[k] = self._json(row[k], "cells", row["id"], k, kind)
             except FloorlineError as e:

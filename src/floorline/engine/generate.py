@@ -4,6 +4,7 @@ streamed as they come, and the decode's speed against the memory floor."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,6 +186,8 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
         raise FloorlineError(f"dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
     if max_new_tokens < 1:
         raise FloorlineError(f"max-new-tokens must be at least 1, got {max_new_tokens}")
+    if not math.isfinite(temperature):  # nan is refused by the sampler; inf would be too
+        raise FloorlineError(f"temperature must be a finite number, got {temperature}")
     try:
         sampler = Sampler(temperature, top_p)
     except ValueError as e:

@@ -189,6 +189,8 @@ def check_sizes(config, origin: str) -> None:
 def resolve_model(name_or_dir: str, trust_remote_code: bool = False) -> ModelSpec:
     """A shipped name (see `floorline models`; any case, or the Hugging Face id it was copied
     from) or a local directory holding config.json. A directory wins over a shipped name."""
+    if not name_or_dir.strip():
+        raise FloorlineError("the model is empty: give a shipped name or a directory")
     directory = Path(name_or_dir).expanduser()
     shipped = shipped_name(name_or_dir)
     if shipped is not None and (name_or_dir in SOURCES or not directory.is_dir()):
