@@ -33,9 +33,9 @@ MAX_CONTEXT = 2**31 - 1  # tokens; far above any model, and within what the data
 
 def split_list(values: list[str] | None, option: str) -> list[str]:
     """`--x a,b --x c` -> [a, b, c]; an option given with nothing in it (or an empty item) is
-    refused rather than read as "use the default"."""
+    refused rather than read as "use the default" (an option not given at all is [] or None)."""
     items = [v.strip() for value in values or [] for v in value.split(",")]
-    if values is not None and (not items or "" in items):
+    if "" in items:
         raise FloorlineError(f"{option} has an empty value: give one or more, comma-separated")
     return items
 
@@ -288,7 +288,7 @@ def sweep(
                    trust_remote_code=trust_remote_code)
     if device == "cpu":
         err.print(f"No CUDA device: running on the CPU; floor bandwidth {device_spec.peak_gbps:g} GB/s "
-                  f"{device_spec.source}", highlight=False)
+                  f"{device_spec.source}", highlight=False, markup=False)
     measured = skipped = 0
     with progress_bar() as progress:
         task = progress.add_task("sweep", total=len(keys))
