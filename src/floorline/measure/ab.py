@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from floorline.errors import FloorlineError
-from floorline.measure.session import Job, run_fresh, shared_base
+from floorline.measure.session import Job, capacity, run_fresh, shared_base
 from floorline.stats import Interval, mean_interval, summarise
 
 
@@ -146,11 +146,15 @@ def check_plan(plan: Plan) -> None:
     from floorline.models import resolve_model
     from floorline.paths import parse_path, require_available
 
-    resolve_model(plan.model, plan.trust_remote_code)
+    model = resolve_model(plan.model, plan.trust_remote_code)
     for arm in (plan.a, plan.b):
         require_available(parse_path(arm), plan.device)
     if plan.sessions < 1 or plan.steps < 1 or plan.block < 1:
         raise FloorlineError("sessions, steps and block must be at least 1")
+    needed, limit = capacity(_job(plan, (plan.a, plan.b), 0)), model.max_context
+    if limit is not None and needed > limit:
+        raise FloorlineError(f"context above the model's limit: ctx {plan.ctx} + "
+                             f"{needed - plan.ctx} decode steps > {limit} positions of {model.name}")
 
 
 def run_ab(plan: Plan, on_session: Callable[[SessionResult], None] = lambda s: None,

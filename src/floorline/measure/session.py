@@ -46,6 +46,15 @@ def block_order(first: int, rounds: int) -> list[int]:
     return [first, second, second, first] * rounds
 
 
+def capacity(job: Job) -> int:
+    """Tokens the session's cache holds by its end: the context, graph warm-up, each arm's
+    warm-up and every block of the timed rounds."""
+    from floorline.paths.base import GRAPH_WARMUP_STEPS
+
+    rounds = -(-job.steps // (2 * job.block))
+    return job.ctx + GRAPH_WARMUP_STEPS + 2 * job.warmup + 4 * rounds * job.block
+
+
 def run_job(job: Job) -> dict:
     """Runs inside the fresh process: samples per arm, and which arm went first."""
     import torch
@@ -53,15 +62,14 @@ def run_job(job: Job) -> dict:
     from floorline.measure.timer import time_steps
     from floorline.models import resolve_model
     from floorline.paths import GraphedSession, open_session, parse_path
-    from floorline.paths.base import GRAPH_WARMUP_STEPS, PathSpec
+    from floorline.paths.base import PathSpec
 
     model = resolve_model(job.model, job.trust_remote_code)
     specs = [parse_path(a) for a in job.arms]
     rounds = -(-job.steps // (2 * job.block))
-    capacity = job.ctx + GRAPH_WARMUP_STEPS + 2 * job.warmup + 4 * rounds * job.block
     with torch.no_grad():
         base = PathSpec(specs[0].base, specs[0].compile)
-        inner = open_session(base, model, job.device, capacity, job.weights_seed)
+        inner = open_session(base, model, job.device, capacity(job), job.weights_seed)
         graphed = GraphedSession(inner) if any(s.graphs for s in specs) else None
         (graphed or inner).prefill(job.ctx)
         steps = [graphed.step if s.graphs else inner.step for s in specs]
