@@ -62,8 +62,10 @@ def test_ab_end_to_end_paired_with_three_fresh_sessions(tmp_path):
     proc = run_cli("ab", "--a", "hf-static", "--b", "hf-static", "--model", "tiny-llama",
                    "--ctx", "32", "--sessions", "3", "--steps", "8", "--block", "2",
                    "--seed", "5", "--db", db, "--gpu", "l4", "--json", check=True)
-    out = json.loads(proc.stdout)
+    out = json.loads(proc.stdout)  # the progress went to stderr, leaving the JSON whole
     assert out["paired"] and out["sessions"] == 3 and out["seed"] == 5
+    progress = [line for line in proc.stderr.splitlines() if "3/3" in line]
+    assert len(progress) == 1 and " left " in progress[0], proc.stderr
     keys = {"a", "b", "model", "ctx", "gpu", "sessions", "speedup", "ci_low", "ci_high", "per_session"}
     assert keys <= set(out)
     ratios = [s["ratio"] for s in out["per_session"]]

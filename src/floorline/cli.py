@@ -14,33 +14,42 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from floorline.errors import FloorlineError
+from floorline.errors import FloorlineError, one_line
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                   help="Batch-1 LLM decode against its memory floor.")
 # Wide when piped, so that tables in logs and CI keep their columns.
 out = Console(width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # messages whole, never broken at 80 columns
 
 DB_OPTION = Annotated[Path, typer.Option("--db", help="Results database (SQLite).")]
 DEVICE_OPTION = Annotated[Optional[str], typer.Option(help="cuda, cuda:N or cpu; default: cuda if present.")]
-GPU_OPTION = Annotated[Optional[str], typer.Option(help="Catalogue name for the floor; default: detected.")]
+GPU_OPTION = Annotated[Optional[str], typer.Option(help="GPU for the floor (`floorline gpus`); default: detected.")]
+TRUST_OPTION = Annotated[bool, typer.Option("--trust-remote-code", help="Run a config's own model code (auto_map).")]
+SEED_MAX = 2**32 - 1
+STEPS_MAX = 1_000_000
+MAX_CONTEXT = 2**31 - 1  # tokens; far above any model, and within what the database stores
 
 
-def split_list(values: list[str] | None) -> list[str]:
-    """`--x a,b --x c` -> [a, b, c]."""
-    return [v.strip() for value in values or [] for v in value.split(",") if v.strip()]
+def split_list(values: list[str] | None, option: str) -> list[str]:
+    """`--x a,b --x c` -> [a, b, c]; an option given with nothing in it (or an empty item) is
+    refused rather than read as "use the default" (an option not given at all is [] or None)."""
+    items = [v.strip() for value in values or [] for v in value.split(",")]
+    if "" in items:
+        raise FloorlineError(f"{option} has an empty value: give one or more, comma-separated")
+    return items
 
 
 def parse_contexts(values: list[str] | None) -> list[int]:
     contexts = []
-    for v in split_list(values):
+    for v in split_list(values, "--ctx"):
         try:
             ctx = int(v)
         except ValueError:
             raise FloorlineError(f"context must be a whole number of tokens, got '{v}'") from None
-        if ctx <= 0:
-            raise FloorlineError(f"context must be a positive number of tokens, got {ctx}")
+        if not 0 < ctx <= MAX_CONTEXT:
+            raise FloorlineError(f"context must be a positive number of tokens up to "
+                                 f"{MAX_CONTEXT}, got {ctx}")
         contexts.append(ctx)
     return contexts
 
@@ -58,20 +67,55 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def check_device(device: str) -> str:
+def check_device(device: str | None) -> str:
+    """The --device asked for (None: the default); an empty or unknown one is refused."""
+    import re
+
     import torch
 
+    if device is None:
+        return default_device()
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise FloorlineError(f"--device must be 'cpu' or 'cuda[:N]', got '{device}'")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise FloorlineError(f"device '{device}' asked for, but torch sees no CUDA device here")
-    if not (device == "cpu" or device.startswith("cuda")):
-        raise FloorlineError(f"device must be 'cpu' or 'cuda[:N]', got '{device}'")
+    index = torch.device(device).index
+    if index is not None and index >= torch.cuda.device_count():
+        raise FloorlineError(f"device '{device}' asked for, but torch sees "
+                             f"{torch.cuda.device_count()} CUDA device(s)")
     return device
 
 
 def resolve_gpu(name: str | None, device: str):
     from floorline import hardware
 
-    return hardware.lookup(name) if name else hardware.detect(device)
+    return hardware.detect(device) if name is None else hardware.lookup(name)
+
+
+def model_label(name: str, width: int = 40) -> str:
+    """A model's name for a table: a shipped name as it is, a local directory relative to the
+    working folder or home, and a long one shortened to its last two folders."""
+    if "/" not in name:
+        return name
+    path = Path(name)
+    for base, prefix in ((Path.cwd(), ""), (Path.home(), "~/")):
+        try:
+            path = Path(prefix + str(path.relative_to(base)))
+            break
+        except ValueError:
+            continue
+    label = str(path)
+    return label if len(label) <= width or len(path.parts) <= 2 else "…/" + "/".join(path.parts[-2:])
+
+
+def progress_bar():
+    """Progress on stderr with the time left, estimated from the items done so far (redrawn in
+    place on a terminal; in a log, one line when it ends)."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=err)
 
 
 def _num(v, fmt: str) -> str:
@@ -131,7 +175,7 @@ def paths_cmd(device: DEVICE_OPTION = None) -> None:
     """Every base path: its weight format, the libraries it runs on, and whether it can run here."""
     from floorline.paths import REGISTRY, parse_path, unavailable
 
-    device = check_device(device or default_device())
+    device = check_device(device)
     table = Table("path", "weights", "KV", "16-bit reference", "libraries", f"on {device}",
                   title="options: +compile, +graphs")
     for name, path in REGISTRY.items():
@@ -149,26 +193,35 @@ def floor_cmd(
     ctx: Annotated[Optional[list[str]], typer.Option(help="Context lengths, e.g. 2048,16384.")] = None,
     weight_format: Annotated[str, typer.Option(help="bf16, fp16, fp32, int8, int4-g128, nf4, nf4-dq, bnb-int8, gptq-int4-g128, awq-int4-g128, gguf-bf16, gguf-q4_0 (`floorline formats`).")] = "bf16",
     kv_dtype: Annotated[str, typer.Option(help="bf16, fp16, fp32, fp8, engine-fp8 (fp8 with an fp32 scale per token and kv head).")] = "bf16",
-    trust_remote_code: bool = False,
+    trust_remote_code: TRUST_OPTION = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
 ) -> None:
     """Bytes one decode step must move and the floor they set: analytic, no GPU needed."""
+    from floorline.measure.cell import check_floor
     from floorline.measure.sweep import STUDY_CONTEXTS
     from floorline.models import resolve_model
     from floorline.traffic import floor
 
+    contexts = parse_contexts(ctx) or STUDY_CONTEXTS
     spec = resolve_model(model, trust_remote_code)
     if gpu is None and default_device() == "cpu":
         raise FloorlineError("no GPU here to detect: pass --gpu (see `floorline gpus`)")
     device_spec = resolve_gpu(gpu, "cuda")
-    floors = [floor(spec, device_spec, c, weight_format, kv_dtype)
-              for c in parse_contexts(ctx) or STUDY_CONTEXTS]
+    floors = [check_floor(floor(spec, device_spec, c, weight_format, kv_dtype)) for c in contexts]
+    limit = spec.max_context
+    for c in contexts:
+        if limit is not None and c > limit:
+            err.print(f"note: ctx {c} is above the model's {limit} positions "
+                      "(max_position_embeddings): a sweep calls such a cell invalid; the floor "
+                      "holds for a model whose context is extended (rope scaling)",
+                      highlight=False, markup=False)
     if as_json:
         print(json.dumps([f.as_dict() for f in floors], indent=2))
         return
     table = Table("ctx", "weights GB", "KV GB", "total GB", "floor ms", "all-params GB",
                   "all-params floor ms",
-                  title=f"{spec.name} on {device_spec.name} ({device_spec.peak_gbps:g} GB/s datasheet), "
+                  title=f"{escape(model_label(spec.name))} on {device_spec.name} "
+                        f"({device_spec.peak_gbps:g} GB/s datasheet), "
                         f"weights {weight_format}, KV {kv_dtype}")
     for f in floors:
         table.add_row(str(f.ctx), f"{f.weight_bytes / 1e9:.3f}", f"{f.kv_bytes / 1e9:.3f}",
@@ -190,7 +243,7 @@ def cells_table(rows: list[dict], title: str, probes: dict[str, dict]) -> Table:
     prefilled = any("prefill_ms" in r["details"] for r in rows)  # paths that time their prefill
     if prefilled:
         columns += ["TTFT ms", "prefill tok/s"]
-    table = Table(*columns, "reason", title=title)
+    table = Table(*columns, "reason", title=escape(title))
     pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
     for r in rows:
         spread = f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}" if r["p10_ms"] is not None else "-"
@@ -198,8 +251,8 @@ def cells_table(rows: list[dict], title: str, probes: dict[str, dict]) -> Table:
         of_measured = (r["total_bytes"] / (read * 1e6) / r["median_ms"]
                        if read and r["median_ms"] else None)
         table.add_row(
-            r["model"], str(r["ctx"]), r["path"], r["gpu"],
-            r["status"] if r["status"] == "valid" else f"[red]{r['status']}[/red]",
+            escape(model_label(r["model"])), str(r["ctx"]), escape(r["path"]), escape(r["gpu"]),
+            r["status"] if r["status"] == "valid" else f"[red]{escape(r['status'])}[/red]",
             _num(r["median_ms"], ".2f"), spread, _num(r["floor_ms"], ".3f"),
             pct(r["fraction_of_floor"]), pct(of_measured),
             _num(r["achieved_gbps"], ".0f" if (r["achieved_gbps"] or 0) >= 100 else ".2f"),
@@ -215,40 +268,38 @@ def cells_table(rows: list[dict], title: str, probes: dict[str, dict]) -> Table:
 def sweep(
     models: Annotated[Optional[list[str]], typer.Option(help="Models (names or directories), comma-separated.")] = None,
     ctx: Annotated[Optional[list[str]], typer.Option(help="Context lengths, comma-separated.")] = None,
-    paths: Annotated[Optional[list[str]], typer.Option(help="Paths, e.g. hf-eager,hf-static+graphs.")] = None,
-    steps: Annotated[int, typer.Option(min=1, help="Timed decode steps per cell.")] = 64,
-    warmup: Annotated[int, typer.Option(min=0, help="Untimed decode steps before timing.")] = 8,
+    paths: Annotated[Optional[list[str]], typer.Option(help="Paths, comma-separated (`floorline paths`).")] = None,
+    steps: Annotated[int, typer.Option(min=1, max=STEPS_MAX, help="Timed decode steps per cell.")] = 64,
+    warmup: Annotated[int, typer.Option(min=0, max=STEPS_MAX, help="Untimed decode steps before timing.")] = 8,
     db: DB_OPTION = Path("floorline.db"),
     device: DEVICE_OPTION = None,
     gpu: GPU_OPTION = None,
-    force: Annotated[bool, typer.Option(help="Re-measure cells already valid in the database.")] = False,
-    seed: int = 0,
-    trust_remote_code: bool = False,
+    force: Annotated[bool, typer.Option("--force", help="Re-measure cells already valid in the database.")] = False,
+    seed: Annotated[int, typer.Option(min=0, max=SEED_MAX)] = 0,
+    trust_remote_code: TRUST_OPTION = False,
 ) -> None:
     """Measure a grid of cells into the results database (bare: the study's grid, or the CPU demo)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from floorline.measure.sweep import Grid, Sweep, check_grid, default_grid
     from floorline.store import Store
 
-    device = check_device(device or default_device())
+    device = check_device(device)
     default = default_grid(device)
-    grid = check_grid(Grid(tuple(split_list(models)) or default.models,
+    grid = check_grid(Grid(tuple(split_list(models, "--models")) or default.models,
                            tuple(parse_contexts(ctx)) or default.contexts,
-                           tuple(split_list(paths)) or default.paths), trust_remote_code)
+                           tuple(split_list(paths, "--paths")) or default.paths), trust_remote_code)
     keys = grid.cells(steps, warmup)
     device_spec = resolve_gpu(gpu, device)
     runner = Sweep(Store(db), device, device_spec, force=force, seed=seed,
                    trust_remote_code=trust_remote_code)
     if device == "cpu":
         err.print(f"No CUDA device: running on the CPU; floor bandwidth {device_spec.peak_gbps:g} GB/s "
-                  f"{device_spec.source}", highlight=False)
+                  f"{device_spec.source}", highlight=False, markup=False)
     measured = skipped = 0
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err) as progress:
+    with progress_bar() as progress:
         task = progress.add_task("sweep", total=len(keys))
         for key in keys:
-            progress.update(task, description=f"{key.model} ctx={key.ctx} {key.path}")
+            progress.update(task, description=escape(f"{model_label(key.model)} ctx={key.ctx} "
+                                                     f"{key.path}"))
             result = runner.run_cell(key)
             if result is None:
                 skipped += 1
@@ -271,46 +322,54 @@ def ab(
     b: Annotated[str, typer.Option("--b", help="Treatment path, e.g. hf-static+graphs.")],
     model: Annotated[str, typer.Option(help="Shipped name or local directory.")] = "qwen2.5-7b",
     ctx: Annotated[str, typer.Option(help="Context length.")] = "2048",
-    sessions: Annotated[int, typer.Option(min=1, help="Fresh sessions (processes).")] = 10,
-    steps: Annotated[int, typer.Option(min=1, help="Timed steps per arm per session.")] = 64,
-    block: Annotated[int, typer.Option(min=1, help="Steps per block when arms alternate.")] = 8,
-    warmup: Annotated[int, typer.Option(min=0, help="Untimed steps per arm per session.")] = 8,
-    seed: Annotated[Optional[int], typer.Option(help="Seed of the arm order and the bootstrap; "
+    sessions: Annotated[int, typer.Option(min=1, max=STEPS_MAX, help="Fresh sessions (processes).")] = 10,
+    steps: Annotated[int, typer.Option(min=1, max=STEPS_MAX, help="Timed steps per arm per session.")] = 64,
+    block: Annotated[int, typer.Option(min=1, max=STEPS_MAX, help="Steps per block when arms alternate.")] = 8,
+    warmup: Annotated[int, typer.Option(min=0, max=STEPS_MAX, help="Untimed steps per arm per session.")] = 8,
+    seed: Annotated[Optional[int], typer.Option(min=0, max=SEED_MAX,
+                                                help="Seed of the arm order and the bootstrap; "
                                                      "default: drawn and recorded.")] = None,
     db: DB_OPTION = Path("floorline.db"),
     device: DEVICE_OPTION = None,
     gpu: GPU_OPTION = None,
-    trust_remote_code: bool = False,
+    trust_remote_code: TRUST_OPTION = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """A/B of two paths over fresh sessions: speedup with a 95% BCa bootstrap interval."""
     import random
 
-    from floorline.measure.ab import Plan, run_ab
+    from floorline.measure.ab import Plan, check_plan, run_ab
     from floorline.measure.fingerprint import environment, fingerprint_key
     from floorline.paths import parse_path
     from floorline.store import Store
 
-    device = check_device(device or default_device())
+    device = check_device(device)
     plan = Plan(parse_path(a).name, parse_path(b).name, model, one_context(ctx, "ab"), device,
                 resolve_gpu(gpu, device).name, sessions, steps, block, warmup,
                 random.SystemRandom().randrange(2**31) if seed is None else seed,
                 trust_remote_code)
+    check_plan(plan)
     store = Store(db)
     env = environment(device)
     plan_dict = {**plan.__dict__, "paired": plan.paired}
     experiment = store.start_ab(plan_dict, env, fingerprint_key(env))
     err.print(f"A/B {plan.a} vs {plan.b}: {sessions} fresh sessions, "
               f"{'paired (ABBA blocks in each session)' if plan.paired else 'unpaired (one process per arm)'}, "
-              f"seed {plan.seed}", highlight=False)
+              f"seed {plan.seed}", highlight=False, markup=False)
 
-    def on_session(s):
-        store.add_ab_session(experiment, s)
-        err.print(f"session {s.index}: " + (f"a {s.ms_a:.3f} ms, b {s.ms_b:.3f} ms, ratio {s.ratio:.3f} "
-                  f"(first {s.first_arm})" if s.status == "ok" else f"failed: {s.reason}"),
-                  highlight=False, markup=False)
+    with progress_bar() as progress:
+        task = progress.add_task("sessions", total=sessions)
 
-    summary = run_ab(plan, on_session)
+        def on_session(s):
+            store.add_ab_session(experiment, s)
+            progress.console.print(
+                f"session {s.index}: " + (f"a {s.ms_a:.3f} ms, b {s.ms_b:.3f} ms, ratio "
+                                          f"{s.ratio:.3f} (first {s.first_arm})"
+                                          if s.status == "ok" else f"failed: {s.reason}"),
+                highlight=False, markup=False)
+            progress.advance(task)
+
+        summary = run_ab(plan, on_session)
     result = summary.as_dict()
     store.finish_ab(experiment, result)
     if as_json:
@@ -319,9 +378,10 @@ def ab(
     table = Table("session", "first", f"{plan.a} ms", f"{plan.b} ms", "ratio a/b", "status")
     for s in summary.sessions:
         table.add_row(str(s.index), s.first_arm or "-", _num(s.ms_a, ".3f"), _num(s.ms_b, ".3f"),
-                      _num(s.ratio, ".4f"), s.status if s.status == "ok" else f"failed: {s.reason}")
+                      _num(s.ratio, ".4f"),
+                      s.status if s.status == "ok" else escape(f"failed: {s.reason}"))
     out.print(table)
-    out.print(summary.sentence(), highlight=False)
+    out.print(summary.sentence(), highlight=False, markup=False)
 
 
 @app.command()
@@ -329,18 +389,19 @@ def probe(
     model: Annotated[Optional[str], typer.Option(help="Also GEMV bandwidth at this model's layer shapes.")] = None,
     db: DB_OPTION = Path("floorline.db"),
     device: DEVICE_OPTION = None,
-    buffer_mib: Annotated[int, typer.Option(min=1, help="Size of each streamed buffer.")] = 1024,
-    trust_remote_code: bool = False,
+    buffer_mib: Annotated[int, typer.Option(min=1, help="Size of each streamed buffer, MiB.")] = 1024,
+    trust_remote_code: TRUST_OPTION = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
     """Measured bandwidth and launch cost of this card, stored beside the cells."""
     from floorline.measure.fingerprint import environment, fingerprint_key
-    from floorline.measure.probe import probe as run_probe
+    from floorline.measure.probe import check_buffer, probe as run_probe
     from floorline.models import resolve_model
     from floorline.store import Store
 
-    device = check_device(device or default_device())
-    spec = resolve_model(model, trust_remote_code) if model else None
+    device = check_device(device)
+    check_buffer(device, buffer_mib)
+    spec = resolve_model(model, trust_remote_code) if model is not None else None
     store = Store(db)
     results = run_probe(device, spec, buffer_mib=buffer_mib, budget_mib=max(8 * buffer_mib, 2048))
     env = environment(device)
@@ -348,7 +409,7 @@ def probe(
     if as_json:
         print(json.dumps(results, indent=2))
         return
-    table = Table("figure", "value", title=f"probe of {env['device']}: {results['method']}")
+    table = Table("figure", "value", title=escape(f"probe of {env['device']}: {results['method']}"))
     table.add_row("streaming read", f"{results['stream_read_gbps']:.0f} GB/s")
     table.add_row("device copy (read + write)", f"{results['copy_gbps']:.0f} GB/s")
     table.add_row("launch, eager PyTorch", f"{results['eager_us']:.2f} us/kernel")
@@ -366,24 +427,26 @@ def explain_cmd(
     model: Annotated[str, typer.Option(help="Shipped name or local directory.")] = "qwen2.5-7b",
     ctx: Annotated[str, typer.Option(help="Context length.")] = "2048",
     path: Annotated[str, typer.Option(help="Path, e.g. hf-static+graphs.")] = "hf-eager",
-    steps: Annotated[int, typer.Option(min=1, help="Steps timed, then profiled.")] = 16,
-    warmup: Annotated[int, typer.Option(min=0)] = 8,
+    steps: Annotated[int, typer.Option(min=1, max=STEPS_MAX, help="Steps timed, then profiled.")] = 16,
+    warmup: Annotated[int, typer.Option(min=0, max=STEPS_MAX)] = 8,
     db: DB_OPTION = Path("floorline.db"),
     device: DEVICE_OPTION = None,
     gpu: GPU_OPTION = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
     """Where each millisecond of one cell goes: kernels, busy time, gaps, time per class."""
-    from floorline.measure.explain import explain
+    from floorline.measure.explain import check_context, explain
     from floorline.measure.fingerprint import environment, fingerprint_key
     from floorline.paths import parse_path, require_available
     from floorline.store import Store
 
-    device = check_device(device or default_device())
+    device = check_device(device)
     context = one_context(ctx, "explain")
     require_available(parse_path(path), device)
+    gpu_spec = resolve_gpu(gpu, device)
+    check_context(model, context, path, gpu_spec, steps, warmup)
     store = Store(db)
-    result = explain(model, context, path, device, resolve_gpu(gpu, device), steps, warmup)
+    result = explain(model, context, path, device, gpu_spec, steps, warmup)
     env = environment(device)
     store.add_explanation(result, env, fingerprint_key(env))
     if as_json:
@@ -392,8 +455,9 @@ def explain_cmd(
     d = result["decomposition"]
     unit = "kernels" if device.startswith("cuda") else "aten operators"
     parts = Table("part of a step", "ms", "share",
-                  title=f"{result['model']} ctx {result['ctx']} {result['path']} on {result['gpu']}: "
-                        f"{d['median_ms']:.3f} ms/step, {result['kernels_per_step']:.0f} {unit}/step")
+                  title=escape(f"{model_label(result['model'])} ctx {result['ctx']} {result['path']} "
+                               f"on {result['gpu']}: {d['median_ms']:.3f} ms/step, "
+                               f"{result['kernels_per_step']:.0f} {unit}/step"))
     for label, key in (("floor (bytes / datasheet bandwidth)", "floor_ms"),
                        ("bandwidth lost in matrix-vector and attention kernels", "lost_in_kernels_ms"),
                        ("the rest of the kernels (norms, rotary, elementwise, sampling)", "other_kernels_ms"),
@@ -422,7 +486,7 @@ def report(
     except OSError as e:
         raise FloorlineError(f"cannot write the report to {out_dir}: {e.strerror}") from None
     out.print(f"wrote {out_dir / 'index.html'} and {out_dir / 'report.md'} "
-              f"({len(written['figures'])} figures)", highlight=False)
+              f"({len(written['figures'])} figures)", highlight=False, markup=False)
     for line in written["missing"]:
         err.print(f"missing: {line}", highlight=False, markup=False, soft_wrap=True)
 
@@ -443,8 +507,7 @@ def predict_cmd(
     from floorline.store import Store
 
     store = Store(db, read_only=True)
-    resolve_model(model)
-    hardware.lookup(gpu)
+    model, gpu = resolve_model(model).name, hardware.lookup(gpu).name  # as the cells name them
     f = predict(model, gpu, one_context(ctx, "predict"), path, store.rows(), store.explanations(),
                 store.probes())
     if as_json:
@@ -455,9 +518,9 @@ def predict_cmd(
     out.print(f"{f.path} on {f.gpu}, {f.model} ctx {f.ctx}: {f.ms:.2f} ms/step ({interval}); "
               f"GPU side {f.gpu_ms:.2f} ms, host side {f.host_ms:.2f} ms, the "
               f"{'GPU' if f.gpu_ms >= f.host_ms else 'host'} side governs",
-              highlight=False)
+              highlight=False, markup=False)
     for note in f.fit.notes:
-        out.print(f"  - {note}", highlight=False)
+        out.print(f"  - {note}", highlight=False, markup=False)
 
 
 @app.command()
@@ -471,7 +534,7 @@ def show(
     from floorline.store import COLUMNS, Store
 
     store = Store(db, read_only=True)
-    rows = store.rows(latest=not history)
+    rows = store.rows(latest=not history, skip_damaged=True)
     if as_json:
         from floorline.measure.reduction import reductions
 
@@ -483,9 +546,13 @@ def show(
         for r in rows:
             writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in r.items()})
     elif not rows:
-        out.print(f"no cells in {db}")
+        out.print(f"no cells in {db}", highlight=False, markup=False)
     else:
         out.print(cells_table(rows, str(db), store.probes()))
+    if store.damaged:
+        raise FloorlineError(f"{db}: {len(store.damaged)} damaged row(s) left out ("
+                             + "; ".join(store.damaged[:3]) + ("; ..." if len(store.damaged) > 3 else "")
+                             + ")")
 
 
 @app.command("merge")
@@ -511,10 +578,10 @@ def merge_cmd(
 def generate_cmd(
     model: Annotated[str, typer.Option(help="Checkpoint directory: config.json, *.safetensors and a tokenizer.")],
     prompt: Annotated[str, typer.Option(help="The prompt: one user message when the tokenizer has a chat template.")],
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Stop after this many new tokens, if no EOS came.")] = 128,
+    max_new_tokens: Annotated[int, typer.Option(min=1, max=MAX_CONTEXT, help="Stop after this many new tokens, if no EOS came.")] = 128,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling: the smallest set of tokens with this much probability, in (0, 1].")] = 1.0,
-    seed: int = 0,
+    seed: Annotated[int, typer.Option(min=0, max=SEED_MAX)] = 0,
     device: DEVICE_OPTION = None,
     dtype: Annotated[str, typer.Option(help="bfloat16 or float32.")] = "bfloat16",
     no_chat: Annotated[bool, typer.Option("--no-chat", help="Encode the prompt as it is, without the chat template.")] = False,
@@ -526,7 +593,7 @@ def generate_cmd(
     """Generate text with floorline's engine, streamed to stdout; speed against the floor on stderr."""
     from floorline.engine.generate import generate
 
-    device = check_device(device or default_device())
+    device = check_device(device)
     gpu_spec = resolve_gpu(gpu, device)
 
     def write(text: str) -> None:
@@ -541,18 +608,29 @@ def generate_cmd(
 
 
 def main() -> None:
+    # click's exceptions as this typer raises them (newer typers carry their own copy of click)
+    click_errors = {c.__name__: c for c in typer.BadParameter.__mro__}
     try:
-        app()
-    except FloorlineError as e:
-        err.print(f"floorline: error: {e}", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(app(standalone_mode=False))
+    except click_errors["UsageError"] as e:  # an unknown option, a missing or malformed value
+        command = f"floorline {e.ctx.info_name}" if e.ctx and e.ctx.parent else "floorline"
+        err.print(f"floorline: error: {one_line(e.format_message())} (see `{command} --help`)",
+                  highlight=False, markup=False, soft_wrap=True)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except click_errors["ClickException"] as e:
+        err.print(f"floorline: error: {one_line(e.format_message())}", highlight=False,
+                  markup=False, soft_wrap=True)
+        sys.exit(e.exit_code)
+    except FloorlineError as e:
+        err.print(f"floorline: error: {one_line(e)}", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(2)
+    except (KeyboardInterrupt, typer.Abort):  # click turns Ctrl-C into Abort
         err.print("floorline: interrupted; every finished cell is in the database")
         sys.exit(130)
     except Exception as e:
         if os.environ.get("FLOORLINE_DEBUG"):
             raise
-        err.print(f"floorline: internal error: {type(e).__name__}: {e} "
+        err.print(f"floorline: internal error: {type(e).__name__}: {one_line(e)} "
                   "(FLOORLINE_DEBUG=1 shows the traceback)", highlight=False, markup=False,
                   soft_wrap=True)
         sys.exit(1)

@@ -63,10 +63,19 @@ def catalogue_names() -> list[str]:
 
 
 def lookup(name: str) -> DeviceSpec:
+    """A catalogue entry by either name `floorline gpus` prints (h200, NVIDIA H200 SXM 141GB),
+    in any case; an unknown name gets the closest one."""
+    import difflib
+
+    wanted = " ".join(name.lower().split())
+    names = {}
     for spec in CATALOGUE:
-        if spec.name == name.lower():
-            return spec
-    raise FloorlineError(f"unknown GPU '{name}'; known: {', '.join(catalogue_names())}")
+        names[spec.name] = names[spec.full_name.lower()] = spec
+    if wanted in names:
+        return names[wanted]
+    close = difflib.get_close_matches(wanted, names, n=1, cutoff=0.6)
+    hint = f"; did you mean '{names[close[0]].name}'?" if close else ""
+    raise FloorlineError(f"unknown GPU '{name}' (known: {', '.join(catalogue_names())}){hint}")
 
 
 def match_device_name(device_name: str) -> DeviceSpec | None:

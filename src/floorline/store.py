@@ -72,6 +72,24 @@ COLUMNS = ("id", "model", "ctx", "path", "steps", "warmup", "gpu", "status", "re
            "fingerprint", "details", "finished_at")
 
 
+# The cells' numeric columns (SQLite would store any value in them).
+NUMBERS = ("ctx", "steps", "warmup", "median_ms", "p10_ms", "p90_ms", "mean_ms", "floor_ms",
+           "floor_ms_all_params", "fraction_of_floor", "achieved_gbps", "weight_bytes", "kv_bytes",
+           "total_bytes", "peak_gbps")
+
+
+def parse_json(text, where: str, column: str, kind=dict):
+    """A JSON column's value; one line naming the row where it is not valid JSON of `kind`."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        value = None
+    if not isinstance(value, kind):
+        raise FloorlineError(f"{where}: {column} is not a JSON "
+                             f"{'object' if kind is dict else 'list'} (a damaged row)")
+    return value
+
+
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -82,6 +100,7 @@ class Store:
         writing anything (its schema included), so a read-only file or a shared copy can be
         shown and reported on."""
         self.path = Path(path)
+        self.damaged: list[str] = []  # rows that rows(skip_damaged=True) left out, and why
         if read_only:
             self.db = _open_existing(self.path)
             return
@@ -103,6 +122,9 @@ class Store:
 
     def add(self, cell: CellResult, env: dict, env_key: str) -> int:
         s, f = cell.summary or {}, cell.floor or {}
+        if cell.status == VALID and any(f.get(k) is not None and f[k] <= 0
+                                        for k in ("weight_bytes", "kv_bytes", "total_bytes")):
+            raise ValueError(f"a cell whose floor bytes are not positive is never valid: {f}")
         row = {
             **{k: getattr(cell.key, k) for k in ("model", "ctx", "path", "steps", "warmup")},
             "gpu": cell.gpu, "status": cell.status, "reason": cell.reason,
@@ -123,7 +145,7 @@ class Store:
         marks = ", ".join(f":{k}" for k in row)
         try:
             return self.db.execute(f"INSERT INTO {table} ({names}) VALUES ({marks})", row).lastrowid
-        except sqlite3.DatabaseError as e:
+        except (sqlite3.DatabaseError, OverflowError) as e:
             raise FloorlineError(f"cannot write to results database {self.path}: {e}") from None
 
     def start_ab(self, plan: dict, env: dict, env_key: str) -> int:
@@ -144,15 +166,25 @@ class Store:
         self.db.execute("UPDATE ab_experiments SET summary=?, finished_at=? WHERE id=?",
                         (json.dumps(summary, sort_keys=True), now(), experiment_id))
 
+    def _read(self, sql: str, params=()) -> list[tuple]:
+        """Every row a query returns; one line for a damaged file."""
+        try:
+            return self.db.execute(sql, params).fetchall()
+        except sqlite3.DatabaseError as e:
+            raise FloorlineError(f"cannot read results database {self.path}: {e}") from None
+
+    def _json(self, text, table: str, row_id, column: str, kind=dict):
+        return parse_json(text, f"{self.path}: {table} row {row_id}", column, kind)
+
     def ab_summaries(self) -> list[dict]:
         """Every finished A/B experiment's summary, with its id."""
-        cursor = self.db.execute(
+        rows = self._read(
             "SELECT id, summary FROM ab_experiments WHERE summary IS NOT NULL ORDER BY id")
-        return [{"id": i, **json.loads(summary)} for i, summary in cursor]
+        return [{"id": i, **self._json(v, "ab_experiments", i, "summary")} for i, v in rows]
 
     def explanations(self) -> list[dict]:
-        cursor = self.db.execute("SELECT id, results FROM explanations ORDER BY id")
-        return [{"id": i, **json.loads(results)} for i, results in cursor]
+        rows = self._read("SELECT id, results FROM explanations ORDER BY id")
+        return [{"id": i, **self._json(v, "explanations", i, "results")} for i, v in rows]
 
     def add_probe(self, device: str, results: dict, env: dict, env_key: str) -> int:
         return self._insert("probes", {
@@ -168,32 +200,41 @@ class Store:
 
     def probes(self) -> dict[str, dict]:
         """The newest probe of each environment, by fingerprint key."""
-        cursor = self.db.execute(
-            "SELECT fingerprint_key, results FROM probes WHERE id IN "
+        rows = self._read(
+            "SELECT id, fingerprint_key, results FROM probes WHERE id IN "
             "(SELECT MAX(id) FROM probes GROUP BY fingerprint_key)")
-        return {key: json.loads(results) for key, results in cursor}
+        return {key: self._json(results, "probes", i, "results") for i, key, results in rows}
 
     def has_valid(self, key: CellKey, env_key: str) -> bool:
-        return self.db.execute(
+        return bool(self._read(
             "SELECT 1 FROM cells WHERE model=? AND ctx=? AND path=? AND steps=? AND warmup=? "
             "AND fingerprint_key=? AND status=? LIMIT 1",
-            (key.model, key.ctx, key.path, key.steps, key.warmup, env_key, VALID),
-        ).fetchone() is not None
+            (key.model, key.ctx, key.path, key.steps, key.warmup, env_key, VALID)))
 
     def cell_count(self) -> int:
-        return self.db.execute("SELECT count(*) FROM cells").fetchone()[0]
+        return self._read("SELECT count(*) FROM cells")[0][0]
 
-    def rows(self, latest: bool = True) -> list[dict]:
+    def rows(self, latest: bool = True, skip_damaged: bool = False) -> list[dict]:
         """Every stored cell, or only the newest row of each cell (model, ctx, path, steps,
-        warmup, environment)."""
+        warmup, environment). A row whose JSON columns are damaged is one line, or with
+        `skip_damaged` left out and named in `self.damaged`."""
         where = ("WHERE id IN (SELECT MAX(id) FROM cells GROUP BY model, ctx, path, steps, "
                  "warmup, fingerprint_key)") if latest else ""
-        cursor = self.db.execute(f"SELECT {', '.join(COLUMNS)} FROM cells {where} ORDER BY id")
         out = []
-        for values in cursor:
+        for values in self._read(f"SELECT {', '.join(COLUMNS)} FROM cells {where} ORDER BY id"):
             row = dict(zip(COLUMNS, values))
-            for k in ("samples_ms", "fingerprint", "details"):
-                row[k] = json.loads(row[k])
+            try:
+                for k in NUMBERS:
+                    if row[k] is not None and not isinstance(row[k], (int, float)):
+                        raise FloorlineError(f"{self.path}: cells row {row['id']}: {k} is not a "
+                                             f"number but {row[k]!r} (a damaged row)")
+                for k, kind in (("samples_ms", list), ("fingerprint", dict), ("details", dict)):
+                    row[k] = self._json(row[k], "cells", row["id"], k, kind)
+            except FloorlineError as e:
+                if not skip_damaged:
+                    raise
+                self.damaged.append(str(e).removeprefix(f"{self.path}: "))
+                continue
             out.append(row)
         return out
 
@@ -206,6 +247,15 @@ IDENTITY = {
                        "started_at"],
     "explanations": ["model", "ctx", "path", "gpu", "fingerprint_key", "results", "finished_at"],
     "probes": ["device", "fingerprint_key", "results", "finished_at"],
+}
+
+
+# The JSON columns a merge checks before copying a row, with the kind each holds.
+JSON_COLUMNS = {
+    "cells": {"samples_ms": list, "fingerprint": dict, "details": dict},
+    "ab_experiments": {"plan": dict, "fingerprint": dict},
+    "explanations": {"results": dict, "fingerprint": dict},
+    "probes": {"results": dict, "fingerprint": dict},
 }
 
 
@@ -263,8 +313,11 @@ def merge(target: Store, sources: list[Path]) -> dict[str, dict[str, int]]:
                     if target.db.execute(held, {c: row[c] for c in identity}).fetchone():
                         continue
                     old_id = row.pop("id")
+                    parsed = {column: parse_json(row[column], f"{source}: {table} row {old_id}",
+                                                 column, kind)
+                              for column, kind in JSON_COLUMNS[table].items()}
                     if table == "cells":
-                        details = json.loads(row["details"])
+                        details = parsed["details"]
                         details.setdefault("merged_from", {"file": Path(source).name, "id": old_id})
                         row["details"] = json.dumps(details, sort_keys=True)
                     new_id = target._insert(table, row)
@@ -272,6 +325,9 @@ def merge(target: Store, sources: list[Path]) -> dict[str, dict[str, int]]:
                     if table == "ab_experiments":
                         _copy_sessions(src, target, old_id, new_id)
             target.db.execute("COMMIT")
+        except sqlite3.DatabaseError as e:  # a damaged source (a target write error is one line)
+            target.db.execute("ROLLBACK")
+            raise FloorlineError(f"cannot read results database {source}: {e}") from None
         except BaseException:
             target.db.execute("ROLLBACK")
             raise

@@ -4,6 +4,7 @@ streamed as they come, and the decode's speed against the memory floor."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Callable
 import torch
 
 from floorline.engine.sampling import Sampler
-from floorline.errors import FloorlineError
+from floorline.errors import FloorlineError, one_line
 
 # --dtype -> the engine's dtype and the floor's name for it (weights and KV cache alike).
 DTYPES = {"bfloat16": (torch.bfloat16, "bf16"), "float32": (torch.float32, "fp32")}
@@ -109,34 +110,62 @@ def load_tokenizer(directory: Path):
     try:
         return AutoTokenizer.from_pretrained(directory, local_files_only=True)
     except Exception as e:  # transformers raises many kinds, with messages over several lines
-        first = str(e).strip().splitlines()[0].rstrip(" :") if str(e).strip() else ""
+        said = one_line(e)
         raise FloorlineError(f"{directory}: transformers cannot load a tokenizer from it "
-                             f"({type(e).__name__}{': ' + first if first else ''})") from None
+                             f"({type(e).__name__}{': ' + said if said else ''})") from None
 
 
-def encode(tokenizer, prompt: str, chat: bool) -> list[int]:
+def check_tokenizer(directory: Path, tokenizer, vocab: int) -> None:
+    """A tokenizer whose ids run past the model's embedding table would index outside it."""
+    size = len(tokenizer)
+    if size > vocab:
+        raise FloorlineError(f"{directory}: the tokenizer has {size} tokens, more than the "
+                             f"model's vocab_size of {vocab}: its ids would run past the "
+                             "embedding table")
+
+
+def encode(tokenizer, prompt: str, chat: bool, directory: Path | None = None) -> list[int]:
     """The prompt as one user message in the chat template (with the assistant's turn opened)
     where the tokenizer has one and `chat` is on; otherwise the prompt as it is."""
     if chat and tokenizer.chat_template:
         messages = [{"role": "user", "content": prompt}]
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                  return_dict=True)["input_ids"])
+        try:
+            encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                    return_dict=True)
+        except Exception as e:  # jinja2's syntax and runtime errors, the template's own raises
+            raise FloorlineError(f"{directory or 'the tokenizer'}: its chat template cannot be "
+                                 f"applied ({type(e).__name__}: {one_line(e)}); --no-chat "
+                                 "encodes the prompt without it") from None
+        return list(encoded["input_ids"])
     return list(tokenizer(prompt)["input_ids"])
+
+
+def _token_ids(value, where: str) -> list[int]:
+    """eos_token_id as configs hold it: an int, a list of ints, or absent."""
+    values = [] if value is None else value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise FloorlineError(f"{where}: eos_token_id must be a token id or a list of them, "
+                             f"not {value!r}")
+    return values
 
 
 def eos_ids(directory: Path, config, tokenizer) -> set[int]:
     """Every token that ends the reply: the model config's, the generation config's (each an
     int or a list) and the tokenizer's."""
-    found = [getattr(config.get_text_config(), "eos_token_id", None), tokenizer.eos_token_id]
+    ids = set(_token_ids(getattr(config.get_text_config(), "eos_token_id", None),
+                         str(directory / "config.json")))
+    ids.update(_token_ids(tokenizer.eos_token_id, f"{directory}: the tokenizer"))
     path = directory / "generation_config.json"
     if path.is_file():
         try:
-            found.append(json.loads(path.read_text()).get("eos_token_id"))
+            data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
             raise FloorlineError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}") from None
-    ids = set()
-    for value in found:
-        ids.update(value if isinstance(value, list) else [] if value is None else [value])
+        except UnicodeDecodeError as e:
+            raise FloorlineError(f"{path} is not UTF-8 text (byte {e.start})") from None
+        if not isinstance(data, dict):
+            raise FloorlineError(f"{path} must hold a JSON object, not {type(data).__name__}")
+        ids.update(_token_ids(data.get("eos_token_id"), str(path)))
     return ids
 
 
@@ -161,6 +190,8 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
     check_format(kv)
     if max_new_tokens < 1:
         raise FloorlineError(f"max-new-tokens must be at least 1, got {max_new_tokens}")
+    if not math.isfinite(temperature):  # nan is refused by the sampler; inf would be too
+        raise FloorlineError(f"temperature must be a finite number, got {temperature}")
     try:
         sampler = Sampler(temperature, top_p)
     except ValueError as e:
@@ -172,7 +203,8 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
         raise FloorlineError(f"{model} {what}: generate needs a checkpoint directory with "
                              "config.json, *.safetensors and a tokenizer")
     tokenizer = load_tokenizer(spec.weights_dir)
-    prompt_ids = encode(tokenizer, prompt, chat)
+    check_tokenizer(spec.weights_dir, tokenizer, spec.config.get_text_config().vocab_size)
+    prompt_ids = encode(tokenizer, prompt, chat, spec.weights_dir)
     if not prompt_ids:
         raise FloorlineError("the prompt encodes to no tokens")
     capacity = len(prompt_ids) + max_new_tokens

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from floorline.engine import quant
-from floorline.errors import FloorlineError
+from floorline.errors import FloorlineError, one_line
 
 
 @dataclass
@@ -52,19 +52,53 @@ class DecoderWeights:
         return self.embed.device
 
 
+def expected_shapes(config) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor the engine reads, by Hugging Face name, from the config:
+    matrices [out, in], vectors [n]."""
+    c = config
+    q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
+    shapes = {"model.embed_tokens.weight": (c.vocab, c.hidden), "model.norm.weight": (c.hidden,)}
+    if not c.tied:
+        shapes["lm_head.weight"] = (c.vocab, c.hidden)
+    for i in range(c.layers):
+        p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+        shapes.update({a + "q_proj.weight": (q, c.hidden), a + "k_proj.weight": (kv, c.hidden),
+                       a + "v_proj.weight": (kv, c.hidden), a + "o_proj.weight": (c.hidden, q),
+                       p + "mlp.gate_proj.weight": (c.intermediate, c.hidden),
+                       p + "mlp.up_proj.weight": (c.intermediate, c.hidden),
+                       p + "mlp.down_proj.weight": (c.hidden, c.intermediate),
+                       p + "input_layernorm.weight": (c.hidden,),
+                       p + "post_attention_layernorm.weight": (c.hidden,)})
+        if c.qkv_bias:
+            shapes.update({a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,),
+                           a + "v_proj.bias": (kv,)})
+        if c.o_bias:
+            shapes[a + "o_proj.bias"] = (c.hidden,)
+    return shapes
+
+
 def from_named(config, get: Callable[[str], torch.Tensor], device, dtype, *,
                weights: str = "bf16", head: str = "bf16", group_size: int = 128,
-               linear: Callable[[str], object] | None = None) -> DecoderWeights:
+               linear: Callable[[str], object] | None = None,
+               source: str = "the weights") -> DecoderWeights:
     """Weights from Hugging Face parameter names; `get(name)` returns the tensor. The decoder's
     linears are quantised to `weights` and the LM head to `head` (16-bit: `dtype` as it is);
     `linear(prefix)`, where given, returns a linear already in its format (a packed
-    checkpoint's)."""
+    checkpoint's). A tensor whose shape is not the config's is refused, naming `source`."""
+    shapes = expected_shapes(config)
+
+    def check(name, value):
+        if tuple(value.shape) != shapes[name]:
+            raise FloorlineError(f"{source}: '{name}' has shape {list(value.shape)}, where the "
+                                 f"config makes it {list(shapes[name])}")
+        return value
+
     def take(name):
-        return get(name).to(device=device, dtype=dtype)
+        return check(name, get(name)).to(device=device, dtype=dtype)
 
     def matrix(prefix):
         if linear is not None:
-            return linear(prefix)
+            return check(prefix + ".weight", linear(prefix))
         return quant.quantize(take(prefix + ".weight"), weights, group_size)
 
     layers = []
@@ -165,7 +199,10 @@ def load_checkpoint(directory: Path, config, device, dtype, *, weights: str | No
         raise FloorlineError(f"{directory} holds no .safetensors files")
     where = {}
     for f in files:
-        handle = safe_open(str(f), framework="pt", device=str(device))
+        try:
+            handle = safe_open(str(f), framework="pt", device=str(device))
+        except Exception as e:  # SafetensorError: a truncated or foreign file
+            raise FloorlineError(f"{f} is not a readable safetensors file ({one_line(e)})") from None
         for name in handle.keys():
             if name in where:
                 raise FloorlineError(f"{directory}: tensor '{name}' is in more than one "
@@ -174,9 +211,15 @@ def load_checkpoint(directory: Path, config, device, dtype, *, weights: str | No
 
     def get(name):
         if name not in where:
-            raise FloorlineError(f"{directory}: no tensor '{name}' in its safetensors files "
-                                 "(the engine reads Hugging Face Llama/Qwen2/Mistral names)")
-        return where[name].get_tensor(name)
+            untied = " (tie_word_embeddings is false)" if name == "lm_head.weight" else ""
+            raise FloorlineError(f"{directory}: no tensor '{name}' in its safetensors files"
+                                 f"{untied} (the engine reads Hugging Face Llama/Qwen2/Mistral "
+                                 "names)")
+        try:
+            return where[name].get_tensor(name)
+        except Exception as e:  # data cut short after an intact header
+            raise FloorlineError(f"{directory}: tensor '{name}' cannot be read "
+                                 f"({one_line(e)})") from None
 
     stored = checkpoint_format(quantization, str(directory))
     own = ENGINE_FORMAT[stored]
@@ -186,7 +229,7 @@ def load_checkpoint(directory: Path, config, device, dtype, *, weights: str | No
                              f"{own}, not {weights}")
     linear = _packed_linear(stored, get, where.__contains__, directory, device, group_size)
     return from_named(config, get, device, dtype, weights=weights, head=head,
-                      group_size=group_size, linear=linear)
+                      group_size=group_size, linear=linear, source=str(directory))
 
 
 def random_weights(config, device, dtype, seed: int, *, weights: str = "bf16",

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from floorline.errors import FloorlineError
-from floorline.measure.session import Job, run_fresh, shared_base
+from floorline.measure.session import Job, decode_steps, run_fresh, shared_base
 from floorline.stats import Interval, mean_interval, summarise
 
 
@@ -143,14 +143,16 @@ def summarise_sessions(plan: Plan, sessions: list[SessionResult]) -> ABSummary:
 
 
 def check_plan(plan: Plan) -> None:
+    from floorline.measure.cell import fit_prompt
     from floorline.models import resolve_model
     from floorline.paths import parse_path, require_available
 
-    resolve_model(plan.model, plan.trust_remote_code)
+    model = resolve_model(plan.model, plan.trust_remote_code)
     for arm in (plan.a, plan.b):
         require_available(parse_path(arm), plan.device)
     if plan.sessions < 1 or plan.steps < 1 or plan.block < 1:
         raise FloorlineError("sessions, steps and block must be at least 1")
+    fit_prompt(plan.ctx, decode_steps(_job(plan, (plan.a, plan.b), 0)), model.max_context)
 
 
 def run_ab(plan: Plan, on_session: Callable[[SessionResult], None] = lambda s: None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 from dataclasses import asdict, dataclass, field
 
-from floorline.errors import FloorlineError
+from floorline.errors import FloorlineError, one_line
 from floorline.hardware import DeviceSpec
 from floorline.measure.fingerprint import clocks
 from floorline.measure.reduction import reference_path
@@ -73,6 +73,23 @@ def fit_prompt(ctx: int, decode: int, limit: int | None) -> int:
     return limit - decode
 
 
+def floor_problem(f) -> str | None:
+    """Why a floor (traffic.Floor) cannot be measured against: bytes that are not positive come
+    only from impossible sizes in a config."""
+    if f.weight_bytes <= 0 or f.kv_bytes <= 0:
+        return (f"the floor's bytes are not positive (weights {f.weight_bytes}, KV {f.kv_bytes}): "
+                f"{f.model}'s config describes an impossible model")
+    return None
+
+
+def check_floor(f):
+    """The floor, or one line where its bytes are not positive."""
+    problem = floor_problem(f)
+    if problem:
+        raise FloorlineError(problem)
+    return f
+
+
 def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
                  trust_remote_code: bool = False) -> CellResult:
     """Measure one cell; every failure a user can meet comes back as an invalid cell."""
@@ -82,7 +99,8 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
     path = REGISTRY[spec.base]
     model = resolve_model(key.model, trust_remote_code)
     cell = CellResult(key, gpu.name, INVALID)
-    cell.floor = floor(model, gpu, key.ctx, path.weight_format, path.kv_dtype).as_dict()
+    cell_floor = floor(model, gpu, key.ctx, path.weight_format, path.kv_dtype)
+    cell.floor = cell_floor.as_dict()
     cell.details = {"seed": seed, "device": device, "peak_source": gpu.source,
                     "real_weights": path.real_weights(model)}
     libraries = path.versions()
@@ -95,6 +113,9 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
                                      "total_bytes": ref_floor.total_bytes}
     if spec.compile:
         cell.details["compile_mode"] = compile_mode(device)
+    cell.reason = floor_problem(cell_floor)
+    if cell.reason:
+        return cell
     # The details say how many cached tokens the first and the last timed step read (the
     # floor counts ctx).
     decode = GRAPH_WARMUP_STEPS * spec.graphs + key.warmup + key.steps
@@ -126,7 +147,7 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
         cell.reason = str(e)
     except Exception as e:  # the cell is lost, not the sweep: record why
         kind = "out of memory" if _is_out_of_memory(e) else "error"
-        cell.reason = f"{kind}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        cell.reason = f"{kind}: {type(e).__name__}: {one_line(e)}"
     finally:
         if session is not None:
             session.close()

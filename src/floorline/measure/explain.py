@@ -13,10 +13,11 @@ stretches the gaps. On the CPU, "kernels" are aten operators (own time) on the h
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 
 from floorline.hardware import DeviceSpec
-from floorline.measure.cell import fit_prompt
+from floorline.measure.cell import check_floor, fit_prompt
 from floorline.measure.timer import time_steps
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, open_session, parse_path
@@ -103,6 +104,22 @@ def decompose(classes: dict[str, dict], events, steps: int, median_ms: float,
     }
 
 
+def decode_steps(steps: int, warmup: int) -> int:
+    """Steps run after the prompt: graph warm-up, warm-up, the timed steps and the profiled
+    ones."""
+    return GRAPH_WARMUP_STEPS + warmup + 2 * steps
+
+
+def check_context(model_name: str, ctx: int, path: str, gpu: DeviceSpec, steps: int,
+                  warmup: int) -> None:
+    """One line where the sweep would call this cell invalid: a context (with the steps run
+    after it) above the model's positions, or a floor of impossible bytes."""
+    model = resolve_model(model_name)
+    fit_prompt(ctx, decode_steps(steps, warmup), model.max_context)
+    runtime = REGISTRY[parse_path(path).base]
+    check_floor(floor(model, gpu, ctx, runtime.weight_format, runtime.kv_dtype))
+
+
 def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
             steps: int = 16, warmup: int = 8, seed: int = 0) -> dict:
     import torch
@@ -115,8 +132,10 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     *linears, head = count_parameters(model).matrix_shapes
     matrix_bytes = sum(fmt.linear_bytes(o, i) for o, i in linears) + fmt.head_bytes(*head)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    decode = GRAPH_WARMUP_STEPS + warmup + 2 * steps
+    decode = decode_steps(steps, warmup)
     prompt = fit_prompt(ctx, decode, model.max_context)
+    # Kineto writes its own start and stop lines to stderr unless told otherwise.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "99")
     with torch.no_grad():
         session = open_session(spec, model, device, prompt + decode, seed)
         try:

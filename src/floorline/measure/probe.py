@@ -7,10 +7,13 @@ Buffers are rotated so that every timed pass reads memory the previous passes le
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
+from floorline.errors import FloorlineError
 from floorline.measure.timer import time_steps
+
 
 def l2_bytes(device: str) -> int:
     import torch
@@ -114,6 +117,29 @@ def gemv_shapes(model) -> list[tuple[int, int]]:
     from floorline.traffic import count_parameters
 
     return sorted(set(count_parameters(model).matrix_shapes))
+
+
+def free_bytes(device: str) -> int:
+    """Memory free for new buffers: the GPU's free memory, or the host's available memory."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_buffer(device: str, buffer_mib: int) -> None:
+    """The copy test holds at least two sources and two destinations at once."""
+    need, free = 4 * buffer_mib * 2**20, free_bytes(device)
+    if need > free:
+        raise FloorlineError(f"--buffer-mib {buffer_mib} needs {need / 2**30:.1f} GiB (four "
+                             f"buffers at once), more than the {free / 2**30:.1f} GiB free on "
+                             f"{device}")
 
 
 def probe(device: str, model=None, buffer_mib: int = 1024, budget_mib: int = 8192) -> dict:

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
+from floorline.errors import one_line
+
 RESULT_TAG = "floorline-session-result "
 
 
@@ -44,6 +46,15 @@ def block_order(first: int, rounds: int) -> list[int]:
     return [first, second, second, first] * rounds
 
 
+def decode_steps(job: Job) -> int:
+    """Steps the session runs after its prompt: graph warm-up, each arm's warm-up and every
+    block of the timed rounds."""
+    from floorline.paths.base import GRAPH_WARMUP_STEPS
+
+    rounds = -(-job.steps // (2 * job.block))
+    return GRAPH_WARMUP_STEPS + 2 * job.warmup + 4 * rounds * job.block
+
+
 def run_job(job: Job) -> dict:
     """Runs inside the fresh process: samples per arm, and which arm went first."""
     import torch
@@ -52,12 +63,12 @@ def run_job(job: Job) -> dict:
     from floorline.measure.timer import time_steps
     from floorline.models import resolve_model
     from floorline.paths import GraphedSession, open_session, parse_path
-    from floorline.paths.base import GRAPH_WARMUP_STEPS, PathSpec
+    from floorline.paths.base import PathSpec
 
     model = resolve_model(job.model, job.trust_remote_code)
     specs = [parse_path(a) for a in job.arms]
     rounds = -(-job.steps // (2 * job.block))
-    decode = GRAPH_WARMUP_STEPS + 2 * job.warmup + 4 * rounds * job.block
+    decode = decode_steps(job)
     prompt = fit_prompt(job.ctx, decode, model.max_context)
     with torch.no_grad():
         base = PathSpec(specs[0].base, specs[0].compile)
@@ -100,7 +111,7 @@ def main(argv: list[str]) -> None:
     try:
         result = run_job(Job(**data))
     except Exception as e:  # reported to the parent as this session's failure
-        result = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        result = {"error": f"{type(e).__name__}: {one_line(e)}"}
     print(RESULT_TAG + json.dumps(result), flush=True)
 
 

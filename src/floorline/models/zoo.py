@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
-from floorline.errors import FloorlineError
+from floorline.errors import FloorlineError, one_line
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -74,14 +74,55 @@ def shipped_models() -> list[str]:
 
 def _read_config_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise FloorlineError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    except UnicodeDecodeError as e:
+        raise FloorlineError(f"{path} is not UTF-8 text (byte {e.start})") from None
     except OSError as e:
         raise FloorlineError(f"cannot read {path}: {e.strerror}") from None
     if not isinstance(data, dict) or "model_type" not in data:
         raise FloorlineError(f"{path} has no 'model_type': not a Hugging Face config.json")
+    _check_fields(data, str(path))
     return data
+
+
+DTYPE_FIELDS = ("dtype", "torch_dtype")
+
+
+def _check_fields(data: dict, origin: str) -> None:
+    """Fields transformers would reject with a long message, or act on, in one line each."""
+    import torch
+
+    text = data.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise FloorlineError(f"{origin}: text_config must be an object, not {text!r}")
+    for part in (data, text or {}):
+        for field in DTYPE_FIELDS:
+            dtype = part.get(field)
+            if dtype is None or dtype == "auto":
+                continue
+            if not (isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype)):
+                raise FloorlineError(f"{origin}: {field} {dtype!r} is not a torch dtype "
+                                     "(such as bfloat16, float16, float32)")
+
+
+def _check_auto_map(data: dict, directory: Path, config_path: Path) -> None:
+    """Every module auto_map names must be a file in the directory (no download)."""
+    auto_map = data["auto_map"]
+    if not isinstance(auto_map, dict):
+        raise FloorlineError(f"{config_path}: auto_map must be an object, not {auto_map!r}")
+    for key, value in auto_map.items():
+        for reference in value if isinstance(value, list) else [value]:
+            if reference is None:
+                continue
+            if not isinstance(reference, str) or "." not in reference or "--" in reference:
+                raise FloorlineError(f"{config_path}: auto_map {key} = {reference!r} is not a "
+                                     "module.Class in this directory")
+            module = reference.rsplit(".", 1)[0]
+            if not (directory / (module.replace(".", "/") + ".py")).is_file():
+                raise FloorlineError(f"{config_path}: auto_map {key} names module '{module}', "
+                                     f"but {directory} has no {module}.py")
 
 
 def _config_from_dict(data: dict, origin: str):
@@ -90,10 +131,15 @@ def _config_from_dict(data: dict, origin: str):
     try:
         config = AutoConfig.for_model(**data)
     except Exception as e:  # ValueError, TypeError, and huggingface_hub's strict field checks
-        said = " ".join(line.strip() for line in str(e).splitlines()) or type(e).__name__
+        said = one_line(e) or type(e).__name__
         raise FloorlineError(f"{origin}: transformers cannot build this config ({said})") from None
     check_sizes(config, origin)
     return config
+
+
+# The most parameters a config may describe (about five times the largest open models): an
+# analytic floor builds the model on the meta device, which takes longer the more it holds.
+MAX_PARAMETERS = 10**13
 
 
 # Sizes a decoder config must hold as positive integers, with bounds far above any real model
@@ -129,12 +175,22 @@ def check_sizes(config, origin: str) -> None:
     if optional["head_dim"] is None and sizes["hidden_size"] % heads:
         raise FloorlineError(f"{origin}: hidden_size = {sizes['hidden_size']} is not a multiple "
                              f"of num_attention_heads = {heads} and there is no head_dim")
+    hidden, layers = sizes["hidden_size"], sizes["num_hidden_layers"]
+    head_dim = optional["head_dim"] or hidden // heads
+    per_layer = (hidden * head_dim * 2 * (heads + (kv or heads))
+                 + 3 * hidden * (optional["intermediate_size"] or 4 * hidden))
+    estimate = layers * per_layer + 2 * sizes["vocab_size"] * hidden
+    if estimate > MAX_PARAMETERS:
+        raise FloorlineError(f"{origin}: the sizes describe about {estimate:.1e} parameters, "
+                             f"above {MAX_PARAMETERS:.0e}: not a model floorline can measure")
 
 
 @cache
 def resolve_model(name_or_dir: str, trust_remote_code: bool = False) -> ModelSpec:
     """A shipped name (see `floorline models`; any case, or the Hugging Face id it was copied
     from) or a local directory holding config.json. A directory wins over a shipped name."""
+    if not name_or_dir.strip():
+        raise FloorlineError("the model is empty: give a shipped name or a directory")
     directory = Path(name_or_dir).expanduser()
     shipped = shipped_name(name_or_dir)
     if shipped is not None and (name_or_dir in SOURCES or not directory.is_dir()):
@@ -161,7 +217,14 @@ def resolve_model(name_or_dir: str, trust_remote_code: bool = False) -> ModelSpe
     if trust_remote_code:
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(directory, trust_remote_code=True)
+        if data.get("auto_map"):
+            _check_auto_map(data, directory, config_path)
+        try:
+            config = AutoConfig.from_pretrained(directory, trust_remote_code=True,
+                                                local_files_only=True)
+        except Exception as e:  # the model's own code can raise anything
+            raise FloorlineError(f"{config_path}: its remote code cannot build the config "
+                                 f"({type(e).__name__}: {one_line(e)})") from None
         check_sizes(config, str(config_path))
     else:
         config = _config_from_dict(data, str(config_path))

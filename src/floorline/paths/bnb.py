@@ -4,7 +4,14 @@ bitsandbytes' own quantiser as transformers' BitsAndBytesConfig does it."""
 
 from __future__ import annotations
 
+import logging
+
 from floorline.paths.quantised import QuantisingHFPath, replace_linears
+
+# On a CPU with AVX512-BF16, importing bitsandbytes logs that it could not fetch an optional
+# kernel from the Hugging Face hub (it falls back to its own): not the user's concern.
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
+    lambda record: not record.getMessage().startswith("Failed to load CPU gemm_4bit_forward"))
 
 
 class BnbPath(QuantisingHFPath):

@@ -8,11 +8,20 @@ from floorline.paths.base import Path, Session
 from floorline.traffic import kv_layout
 
 
+def cache_keyword(model) -> str:
+    """The name forward() takes the cache by: `cache` in newer transformers, which deprecate
+    `past_key_values` (removed in 5.40); older ones know only `past_key_values`."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class HFSession(Session):
     def __init__(self, model, cache, device: str, seed: int, not_static: str | None):
         self.model, self.cache, self.device, self.seed = model, cache, device, seed
         self.not_static = not_static
         self.forward = model.forward
+        self.cache_keyword = cache_keyword(model)
         self._recompile_guard = None
 
     def prefill(self, ctx: int) -> None:
@@ -21,15 +30,16 @@ class HFSession(Session):
         vocab = self.model.config.get_text_config().vocab_size
         tokens = torch.randint(vocab, (1, ctx), generator=torch.Generator().manual_seed(self.seed))
         tokens = tokens.to(self.device)
-        out = self.model(input_ids=tokens, past_key_values=self.cache, use_cache=True,
+        out = self.model(input_ids=tokens, **{self.cache_keyword: self.cache}, use_cache=True,
                          cache_position=torch.arange(ctx, device=self.device), logits_to_keep=1)
         # The step's only inputs and outputs: fixed buffers, updated in place.
         self.token = out.logits[:, -1:].argmax(-1)
         self.position = torch.tensor([ctx], device=self.device)
 
     def step(self) -> None:
-        out = self.forward(input_ids=self.token, past_key_values=self.cache, use_cache=True,
-                           cache_position=self.position, position_ids=self.position.unsqueeze(0))
+        out = self.forward(input_ids=self.token, **{self.cache_keyword: self.cache},
+                           use_cache=True, cache_position=self.position,
+                           position_ids=self.position.unsqueeze(0))
         self.token.copy_(out.logits[:, -1:].argmax(-1))  # greedy sampling, on the device
         self.position.add_(1)
 
