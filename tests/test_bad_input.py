@@ -217,12 +217,13 @@ def test_a_probe_buffer_larger_than_memory(tmp_path):
 
 
 def test_explain_and_ab_refuse_a_context_the_sweep_calls_invalid(tmp_path):
-    line = refused("explain", "--model", "tiny-llama", "--ctx", "2040", "--path", "hf-eager",
+    # ctx itself above the positions (a ctx that fits is run with its prompt shortened)
+    line = refused("explain", "--model", "tiny-llama", "--ctx", "2100", "--path", "hf-eager",
                    "--device", "cpu", "--gpu", "l4", "--db", tmp_path / "r.db",
                    naming="context above the model's limit")
     assert "2048 positions" in line and not (tmp_path / "r.db").exists()
     line = refused("ab", "--a", "hf-static", "--b", "hf-static", "--model", "tiny-llama",
-                   "--ctx", "2000", "--device", "cpu", "--gpu", "l4", "--db", tmp_path / "r.db",
+                   "--ctx", "2100", "--device", "cpu", "--gpu", "l4", "--db", tmp_path / "r.db",
                    naming="context above the model's limit")
     assert "2048 positions" in line and not (tmp_path / "r.db").exists()
 

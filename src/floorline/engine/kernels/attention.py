@@ -133,8 +133,8 @@ def _attention_split_kernel(qkv_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, cos_ptr, sin_
         v = tl.load(v_ptr + offs, mask=t_ok[:, None], other=0.0).to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if KV_FP8:
-            k_s = tl.load(ks_ptr + scale_base + t, mask=t_ok, other=0.0)
-            s = s * (k_s * scale)[None, :]
+            k_scales = tl.load(ks_ptr + scale_base + t, mask=t_ok, other=0.0)
+            s = s * (k_scales * scale)[None, :]
         else:
             s = s * scale
         s = tl.where(t_ok[None, :], s, float("-inf"))
