@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from floorline.errors import FloorlineError, one_line
+from floorline.stats import percent
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                   help="Batch-1 LLM decode against its memory floor.")
@@ -244,7 +245,7 @@ def cells_table(rows: list[dict], title: str, probes: dict[str, dict]) -> Table:
     if prefilled:
         columns += ["TTFT ms", "prefill tok/s"]
     table = Table(*columns, "reason", title=escape(title))
-    pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
+    pct = lambda v: "-" if v is None else percent(v)  # noqa: E731
     for r in rows:
         spread = f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}" if r["p10_ms"] is not None else "-"
         read = probes.get(r["fingerprint_key"], {}).get("stream_read_gbps")

@@ -49,3 +49,8 @@ def mean_interval(values, seed: int, confidence: float = 0.95,
                     method="BCa", **{seed_arg: np.random.default_rng(seed)})
     ci = res.confidence_interval
     return Interval(float(x.mean()), float(ci.low), float(ci.high), int(x.size))
+
+
+def percent(fraction: float) -> str:
+    """0.056 -> '5.6%'; below 0.1%, two significant digits ('0.033%') rather than '0.0%'."""
+    return f"{fraction:.1%}" if fraction >= 0.001 else f"{fraction * 100:.2g}%"

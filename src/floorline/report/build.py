@@ -13,6 +13,7 @@ from floorline.errors import FloorlineError
 from floorline.report import figures
 from floorline.report.headline import headline
 from floorline.store import Store
+from floorline import stats
 
 FIGURES = (
     ("headline", "Every path against the memory floor", "runs", headline),
@@ -69,7 +70,7 @@ def _fmt(v, percent: bool = False) -> str:
     if v is None:
         return "-"
     if percent:
-        return figures.percent(v)
+        return stats.percent(v)
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 

@@ -13,6 +13,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, PercentFormatter  # noqa: E402
 
+from floorline.stats import percent  # noqa: E402
+
 # Names come from paths, configs and databases: drawn as text, never parsed as math ($...$);
 # log axes are therefore labelled as plain numbers (plain() below), not as powers of ten.
 plt.rcParams["text.parse_math"] = False
@@ -24,11 +26,6 @@ NO_CELLS = "There are no valid cells yet: `floorline sweep` measures them."
 @cache
 def study() -> dict:
     return json.loads(STUDY_FILE.read_text())
-
-
-def percent(fraction: float) -> str:
-    """0.056 -> '5.6%'; below 0.1%, two significant digits ('0.033%') rather than '0.0%'."""
-    return f"{fraction:.1%}" if fraction >= 0.001 else f"{fraction * 100:.2g}%"
 
 
 def _valid(cells):

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from statistics import median
 
-from floorline.report.figures import NO_CELLS, percent, plt
+from floorline.report.figures import NO_CELLS, plt
+from floorline.stats import percent
 from floorline.traffic import WEIGHT_FORMATS
 
 UNQUANTISED, QUANTISED = "tab:blue", "tab:orange"
