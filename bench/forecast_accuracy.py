@@ -1,17 +1,27 @@
-"""The forecast's leave-one-out accuracy over the shipped H200 calibration, per kind of path,
-and the study's published cells beside their forecasts.
+"""The forecast's leave-one-out accuracy over the shipped H200 calibration (or over a results
+database alone, given its path), per kind of path, and the study's published cells beside
+their forecasts.
 
     PYTHONPATH=src python bench/forecast_accuracy.py > bench/results/forecast_accuracy.txt
+    PYTHONPATH=src python bench/forecast_accuracy.py bench/results/h200_all.db \
+        > bench/results/forecast_accuracy_h200_all.txt
 """
 
+import sys
+
 from floorline.forecast.accuracy import coverage, leave_one_out
-from floorline.forecast.calibration import shipped
+from floorline.forecast.calibration import from_rows, shipped
 from floorline.forecast.published import study_check
 from floorline.report.figures import study
+from floorline.store import Store
 
 
 def main() -> None:
-    cal = shipped()
+    if len(sys.argv) > 1:
+        store = Store(sys.argv[1], read_only=True)
+        cal = from_rows(store.rows(), store.explanations(), store.probes(), "cell")
+    else:
+        cal = shipped()
     loo = leave_one_out(cal)
     print(f"{'path':28s} {'model':16s} {'ctx':>6s} {'measured':>9s} {'forecast':>9s} {'error':>7s}")
     for r in sorted(loo, key=lambda r: (r["kind"], r["path"], r["model"], r["ctx"])):

@@ -1,5 +1,6 @@
 """The forecast against arithmetic on cells whose terms are known, and the errors a user sees."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,10 +10,13 @@ import floorline
 from conftest import run_cli
 from floorline.errors import FloorlineError
 from floorline.forecast.accuracy import coverage, forecast, interval, interval_bounds, leave_one_out
-from floorline.forecast.calibration import Calibration, from_rows, shipped
+from floorline.forecast.calibration import Calibration, combine, from_rows, shipped
+from floorline.forecast.published import published_cells
 from floorline.forecast.model import fit, step
 from floorline.forecast.terms import attention_bytes, layers, weight_bytes
 from floorline.hardware import lookup
+from floorline.models import resolve_model
+from floorline.traffic import floor
 
 PEAK = {g: lookup(g).peak_gbps * 1e6 for g in ("h200", "l4")}  # bytes per ms
 GRAPH_US = 0.9
@@ -149,3 +153,42 @@ def test_predict_cli_refusals(tmp_path):
                    cwd=tmp_path, env=SRC)
     assert proc.returncode == 2 and "no GPU cell of engine-kvfp8" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_users_cells_add_to_the_shipped_ones_and_replace_the_same_cell():
+    base = shipped()
+    measured = next(c for c in base.cells if (c["path"], c["model"], c["ctx"]) == ("engine", "qwen2.5-7b", 2048))
+    rows = [{"id": 7, "status": "valid", "gpu": g, "path": "engine", "model": "qwen2.5-7b",
+             "ctx": 2048, "median_ms": ms, "weight_format": "bf16", "kv_dtype": "bf16",
+             "fingerprint_key": "env", "finished_at": "x"} for g, ms in (("h200", 5.0), ("l4", 70.0))]
+    cal = combine(base, from_rows(rows, [], {}, "mine"))
+    same = [c for c in cal.cells if (c["path"], c["model"], c["ctx"], c["gpu"]) == ("engine", "qwen2.5-7b", 2048, "h200")]
+    assert [c["ms"] for c in same] == [5.0] and measured["ms"] != 5.0
+    assert len(cal.cells) == len(base.cells) + 1
+    f = forecast(cal, "qwen2.5-7b", "l4", 2048, "engine")
+    assert f.fit.gpus == {"h200", "l4"} and not any("no cell of engine on l4" in n for n in f.notes())
+
+
+def test_published_cells_as_printed_or_from_the_published_fraction():
+    study = {"fraction_of_floor": [
+                {"gpu": "l4", "model": "qwen2.5-7b", "ctx": 2048, "path": "hf-eager", "value": 0.8},
+                {"gpu": "h100-sxm5", "model": "qwen2.5-7b", "ctx": 2048, "path": "hf-eager", "value": 0.25}],
+             "quantised_ms": [{"gpu": "l4", "path": "bf16", "ms": 60.0},
+                              {"gpu": "l4", "path": "GPTQ+ExLlamaV2", "ms": 20.0}]}
+    rows = {(r["gpu"], r["path"]): r["published_ms"] for r in published_cells(study)}
+    h100 = floor(resolve_model("qwen2.5-7b"), lookup("h100-sxm5"), 2048).floor_ms_all_params
+    assert rows == {("l4", "hf-eager"): 60.0, ("h100-sxm5", "hf-eager"): pytest.approx(h100 / 0.25),
+                    ("l4", "gptq-exllamav2"): 20.0}
+
+
+def test_predict_json_names_every_term_and_its_source(tmp_path):
+    proc = run_cli("predict", "--model", "llama-3.1-8b", "--gpu", "h200", "--path", "hf-eager",
+                   "--ctx", "4096", "--json", cwd=tmp_path, check=True, env=SRC)
+    f = json.loads(proc.stdout)
+    assert f["kind"] == "host-bound" and f["low"] < f["ms"] < f["high"]
+    assert f["ms"] == pytest.approx(max(f["gpu_ms"], f["host_ms"]))
+    assert f["gpu_ms"] == pytest.approx(sum(f["gpu_parts_ms"].values()))
+    terms = f["terms"]
+    assert f["host_ms"] == pytest.approx(terms["launches per layer"]["value"] * 32
+                                         * terms["host cost per launch"]["value"] / 1e3)
+    assert all(t["source"] for t in terms.values())

@@ -23,9 +23,6 @@ class Calibration:
     probes: list[dict] = field(default_factory=list)  # gpu eager_us graph_us stream_read_gbps source
     cpu_paths: set[str] = field(default_factory=set)  # paths with valid cells on a non-catalogue device
 
-    def gpu_cells(self, path: str | None = None) -> list[dict]:
-        return [c for c in self.cells if path is None or c["path"] == path]
-
     def without(self, cell: dict) -> "Calibration":
         return Calibration([c for c in self.cells if c is not cell], self.explanations,
                            self.probes, self.cpu_paths)
@@ -53,7 +50,8 @@ def probe_record(results: dict, gpu: str, source: str) -> dict:
 def from_rows(rows: list[dict], explanations: list[dict], probes: dict[str, dict],
               label: str) -> Calibration:
     """A database's contents as records: valid cells of catalogued GPUs (the newest of each
-    model, ctx, path and GPU); CPU cells only noted, as they say nothing about a GPU."""
+    model, ctx, path and GPU); CPU cells only noted, as they say nothing about a GPU; explain
+    results of catalogued GPUs that count kernels by class (the terms read those counts)."""
     gpus = set(catalogue_names())
     newest: dict[tuple, dict] = {}
     cpu_paths = set()
@@ -71,7 +69,7 @@ def from_rows(rows: list[dict], explanations: list[dict], probes: dict[str, dict
     probe_list = [probe_record(p, env_gpu[k], f"{label} probe")
                   for k, p in probes.items() if k in env_gpu]
     expl = [explain_record(e, f"{label} explain {e['id']}") for e in explanations
-            if e["gpu"] in gpus]
+            if e["gpu"] in gpus and "classes" in e and "kernels_per_step" in e]
     return Calibration(cells, expl, probe_list, cpu_paths)
 
 
