@@ -1,71 +1,194 @@
-"""The forecast against arithmetic on cells whose terms are known."""
+"""The forecast against arithmetic on cells whose terms are known, and the errors a user sees."""
+
+import json
+from pathlib import Path
 
 import pytest
 
+import floorline
+
 from conftest import run_cli
 from floorline.errors import FloorlineError
+from floorline.forecast.accuracy import coverage, forecast, interval, interval_bounds, leave_one_out
+from floorline.forecast.calibration import Calibration, combine, from_rows, shipped
+from floorline.forecast.published import published_cells
+from floorline.forecast.model import fit, step
+from floorline.forecast.terms import attention_bytes, layers, weight_bytes
 from floorline.hardware import lookup
 from floorline.models import resolve_model
-from floorline.predict import fit_path, forecast_with, leave_one_out, predict
 from floorline.traffic import floor
 
-
-def cell(i, path, model, ctx, ms, gpu="h200"):
-    f = floor(resolve_model(model), lookup(gpu), ctx)
-    return {"id": i, "path": path, "model": model, "ctx": ctx, "gpu": gpu, "status": "valid",
-            "median_ms": ms, "floor_ms": f.floor_ms, "fraction_of_floor": f.floor_ms / ms,
-            "peak_gbps": lookup(gpu).peak_gbps, "fingerprint_key": "env"}
+PEAK = {g: lookup(g).peak_gbps * 1e6 for g in ("h200", "l4")}  # bytes per ms
+GRAPH_US = 0.9
 
 
-def test_gpu_bound_path_scales_with_bandwidth():
-    # Graph-replayed cells at 50% of the floor on an H200: on an L4 the same share of 300 GB/s.
-    qwen, h200 = resolve_model("qwen2.5-7b"), lookup("h200")
-    cells = [cell(i, "hf-static+graphs", "qwen2.5-7b", c, floor(qwen, h200, c).floor_ms / 0.5)
-             for i, c in enumerate((2048, 8192))]
-    f = predict("qwen2.5-7b", "l4", 4096, "hf-static+graphs", cells, [], {})
-    assert f.ms == pytest.approx(floor(resolve_model("qwen2.5-7b"), lookup("l4"), 4096).floor_ms / 0.5)
-    assert f.host_ms == 0 and f.fit.bound == "gpu"
-    assert any("l4 was not measured" in n for n in f.fit.notes)
+def cell(path, model, ctx, ms, gpu="h200", fmt="bf16", kv="bf16"):
+    return {"model": model, "ctx": ctx, "path": path, "gpu": gpu, "ms": ms, "weight_format": fmt,
+            "kv_dtype": kv, "source": f"test {path} {ctx}"}
 
 
-def test_host_bound_path_keeps_its_host_time_per_layer():
-    # 28 layers at 2 ms each on the host: the H100's GPU side is far below, the host governs.
-    cells = [cell(i, "hf-eager", "qwen2.5-7b", c, 56.0) for i, c in enumerate((2048, 4096, 8192))]
-    probes = {"env": {"stream_read_gbps": 4000}}
-    fit = fit_path("hf-eager", cells, [], probes)
-    assert fit.bound == "host" and fit.host_ms_per_layer == pytest.approx(2.0)
-    assert fit.efficiency == pytest.approx(4000 / 4800)
-    f = forecast_with(fit, "llama-3.1-8b", "h100-sxm5", 2048, [])
-    assert f.ms == pytest.approx(2.0 * 32)  # Llama-3.1-8B has 32 layers
-    slow = forecast_with(fit, "qwen2.5-7b", "jetson-agx-orin", 2048, [])
-    expected_gpu = floor(resolve_model("qwen2.5-7b"), lookup("jetson-agx-orin"), 2048).floor_ms / (4000 / 4800)
-    assert slow.ms == pytest.approx(expected_gpu) and slow.gpu_ms > slow.host_ms
+def synthetic(eta_w, eta_a, model, ctx, path="engine"):
+    """A step that is exactly weights at eta_w of peak plus attention at eta_a of peak."""
+    return (weight_bytes(model, "bf16") / (eta_w * PEAK["h200"])
+            + attention_bytes(model, ctx, path, "bf16") / (eta_a * PEAK["h200"]))
 
 
-def test_explain_sets_efficiency_and_fixed_kernels():
-    cells = [cell(0, "hf-static+graphs", "qwen2.5-7b", 2048, 8.0)]
-    d = {"floor_ms": 3.0, "lost_in_kernels_ms": 1.0, "other_kernels_ms": 2.5,
-         "launch_and_idle_ms": 0.5, "median_ms": 7.0}
-    fit = fit_path("hf-static+graphs", cells, [{"path": "hf-static+graphs", "gpu": "h200", "ctx": 2048,
-                                                "decomposition": d}], {})
-    assert (fit.efficiency, fit.fixed_ms, fit.bound) == (pytest.approx(0.75), 2.5, "gpu")
+SRC = {"PYTHONPATH": str(Path(floorline.__file__).parents[1])}  # this checkout, from any cwd
+PROBE = {"gpu": "h200", "eager_us": 7.0, "graph_us": GRAPH_US, "stream_read_gbps": 4000, "source": "probe"}
 
 
-def test_leave_one_out_forecasts_each_cell_from_the_others():
-    cells = [cell(0, "hf-eager", "qwen2.5-7b", 2048, 50.0), cell(1, "hf-eager", "qwen2.5-7b", 4096, 60.0),
-             cell(2, "hf-eager", "qwen2.5-7b", 8192, 70.0)]
-    loo = {r["id"]: r for r in leave_one_out(cells, [], {})}
-    # Without cell 0 the host time per layer is the median of 60/28 and 70/28.
-    assert loo[0]["forecast_ms"] == pytest.approx(65.0)
-    assert loo[0]["error"] == pytest.approx((65 - 50) / 50)
-    f = predict("qwen2.5-7b", "h200", 2048, "hf-eager", cells, [], {})
-    errors = sorted(r["error"] for r in loo.values())
-    assert f.low < f.ms < f.high and f.high == pytest.approx(f.ms / (1 + (errors[0] + 0.1 * (errors[1] - errors[0]))))
+def test_gpu_governed_terms_recovered_and_carried_to_another_gpu():
+    # Engine cells built from known fractions of peak (0.75 weights, 0.5 attention): the fit
+    # recovers both, and an L4 forecast is the same bytes over the L4's peak at those fractions.
+    cells = [cell("engine", m, c, synthetic(0.75, 0.5, m, c))
+             for m in ("qwen2.5-7b", "llama-3.1-8b") for c in (2048, 16384)]
+    cal = Calibration(cells, [], [PROBE])
+    f = fit(cal, "engine")
+    assert f.terms["attention's fraction of peak"].value == pytest.approx(0.5)
+    assert f.terms["weights' fraction of peak"].value == pytest.approx(0.75)
+    s = step(f, "qwen2.5-7b", "l4", 8192)
+    expected = (weight_bytes("qwen2.5-7b", "bf16") / (0.75 * PEAK["l4"])
+                + attention_bytes("qwen2.5-7b", 8192, "engine", "bf16") / (0.5 * PEAK["l4"]))
+    assert s.gpu_ms == pytest.approx(expected) and s.host_ms == pytest.approx(GRAPH_US / 1e3)
+    assert s.ms == pytest.approx(expected)
+    loo = leave_one_out(cal)
+    assert len(loo) == 4 and max(abs(r["error"]) for r in loo) < 1e-9
 
 
-def test_a_path_with_no_cells_is_refused(tmp_path):
-    with pytest.raises(FloorlineError, match="no valid cells of path hf-static"):
-        predict("qwen2.5-7b", "l4", 2048, "hf-static", [], [], {})
-    proc = run_cli("predict", "--model", "qwen2.5-7b", "--gpu", "l9", "--path", "hf-eager",
-                   "--db", tmp_path / "none.db")
+def test_small_kernels_from_explain_are_per_layer_and_per_kernel():
+    # explain: 56 small kernels on 28 layers (2 a layer) at 0.112 ms = 2 us each. Llama has 32
+    # layers, so 64 small kernels = 0.128 ms ride on its step.
+    expl = {"path": "engine", "model": "qwen2.5-7b", "ctx": 2048, "gpu": "h200",
+            "kernels_per_step": 200, "source": "explain",
+            "classes": {"matrix-vector": {"kernels_per_step": 113, "ms": 3.0},
+                        "attention": {"kernels_per_step": 31, "ms": 0.3},
+                        "elementwise": {"kernels_per_step": 56, "ms": 0.112}}}
+    small = lambda m: 2 * layers(m) * 2e-3  # noqa: E731
+    cells = [cell("engine", m, c, synthetic(0.75, 0.5, m, c) + small(m))
+             for m in ("qwen2.5-7b", "llama-3.1-8b") for c in (2048, 16384)]
+    f = fit(Calibration(cells, [expl], [PROBE]), "engine")
+    assert f.terms["small kernels per layer"].value == pytest.approx(2.0)
+    assert f.terms["cost per small kernel"].value == pytest.approx(2.0)
+    assert f.terms["weights' fraction of peak"].value == pytest.approx(0.75)
+    assert step(f, "llama-3.1-8b", "h200", 4096).parts["small kernels"] == pytest.approx(0.128)
+
+
+def test_host_bound_path_is_launches_times_host_cost():
+    # 1400 launches a step on Qwen's 28 layers (50 a layer) at 40 us = 56 ms; Llama's 32 layers
+    # then launch 1600, 64 ms, far above its GPU side on an H100.
+    expl = {"path": "hf-eager", "model": "qwen2.5-7b", "ctx": 2048, "gpu": "h200",
+            "kernels_per_step": 1400, "source": "explain",
+            "classes": {"matrix-vector": {"kernels_per_step": 338, "ms": 4.5},
+                        "attention": {"kernels_per_step": 28, "ms": 0.2},
+                        "elementwise": {"kernels_per_step": 1034, "ms": 1.0}}}
+    graphs = [cell("hf-static+graphs", "qwen2.5-7b", c, synthetic(0.6, 0.2, "qwen2.5-7b", c, "hf-static"))
+              for c in (2048, 16384)]
+    cal = Calibration([cell("hf-eager", "qwen2.5-7b", c, 56.0) for c in (2048, 8192)] + graphs,
+                      [expl], [PROBE])
+    f = fit(cal, "hf-eager")
+    assert f.kind == "host-bound"
+    assert f.terms["launches per layer"].value == pytest.approx(50.0)
+    assert f.terms["host cost per launch"].value == pytest.approx(40.0)
+    s = step(f, "llama-3.1-8b", "h100-sxm5", 2048)
+    assert s.host_ms == pytest.approx(64.0) and s.ms == pytest.approx(64.0) and s.gpu_ms < s.host_ms
+
+
+def test_transformers_attention_counts_query_heads():
+    # Qwen2.5-7B: 28 layers, 28 query heads of 128, bf16: K and V repeated to every head.
+    assert attention_bytes("qwen2.5-7b", 1000, "hf-static+graphs", "bf16") == 28 * 2 * 28 * 128 * 2 * 1000
+    # The engine reads the cache as stored: 4 kv heads, and the new token's K and V.
+    assert attention_bytes("qwen2.5-7b", 1000, "engine", "bf16") == 28 * 2 * 4 * 128 * 2 * 1001
+
+
+def test_interval_is_conformal_order_statistics():
+    errors = [i / 100 for i in range(-9, 10)]  # 19 errors: ranks 1 and 19 for 90%
+    assert interval_bounds(errors) == (-0.09, 0.09)
+    assert interval_bounds(errors[:18]) is None  # 18 are too few
+    low, high = interval(10.0, errors)
+    assert (low, high) == (pytest.approx(10 / 1.09), pytest.approx(10 / 0.91))
+    rows = [{"kind": "k", "error": e, "forecast_ms": 1 + e, "measured_ms": 1.0} for e in errors + [0.5]]
+    c = coverage(rows)["k"]
+    # 0.5 lies outside the others' range; every other error lies within its others' range
+    # except the extremes -0.09 (the others' lowest is -0.08) and 0.09 is inside (0.5 is there).
+    assert (c["cells"], c["with_interval"], c["covered"]) == (20, 20, 18)
+
+
+def test_shipped_calibration_meets_its_target_and_forecasts_every_engine_path():
+    cal = shipped()
+    loo = leave_one_out(cal)
+    result = coverage(loo)
+    assert result["GPU-governed"]["mae"] <= 0.10
+    host = result["host-bound"]
+    assert host["covered"] / host["with_interval"] >= 0.9
+    for path in ("engine", "engine-int4", "engine-fp8", "engine-int4-fp8head", "llamacpp-q4_0"):
+        f = forecast(cal, "llama-3.1-8b", "l4", 4096, path, loo)
+        assert f.low < f.ms < f.high and "h200" in f.notes()[-1]
+
+
+def test_cpu_cells_never_forecast_a_gpu():
+    rows = [{"id": 1, "status": "valid", "gpu": "cpu", "path": "hf-eager", "model": "qwen2.5-7b",
+             "ctx": 128, "median_ms": 150.0, "weight_format": "bf16", "kv_dtype": "bf16",
+             "fingerprint_key": "env", "finished_at": "x"}]
+    cal = from_rows(rows, [], {}, "db")
+    assert cal.cells == [] and cal.cpu_paths == {"hf-eager"}
+    with pytest.raises(FloorlineError, match="hf-eager was measured only on the CPU.*missing: a cell"):
+        fit(cal, "hf-eager")
+
+
+def test_predict_cli_runs_without_a_database_and_prints_its_terms(tmp_path):
+    proc = run_cli("predict", "--model", "qwen2.5-7b", "--gpu", "L4", "--path", "engine",
+                   cwd=tmp_path, check=True, env=SRC)
+    assert "engine on l4, qwen2.5-7b ctx 2048:" in proc.stdout and "90% interval" in proc.stdout
+    assert "weights' fraction of peak" in proc.stdout and "H200" in proc.stdout
+
+
+def test_predict_cli_refusals(tmp_path):
+    proc = run_cli("predict", "--model", "qwen2.5-7b", "--gpu", "l4", "--path", "hf-eager",
+                   "--db", tmp_path / "none.db", cwd=tmp_path, env=SRC)
     assert proc.returncode == 2 and "no results database" in proc.stderr
+    proc = run_cli("predict", "--model", "qwen2.5-7b", "--gpu", "l4", "--path", "hf-eager",
+                   "--replace", cwd=tmp_path, env=SRC)
+    assert proc.returncode == 2 and "--replace needs --db" in proc.stderr
+    proc = run_cli("predict", "--model", "qwen2.5-7b", "--gpu", "l4", "--path", "engine-kvfp8",
+                   cwd=tmp_path, env=SRC)
+    assert proc.returncode == 2 and "no GPU cell of engine-kvfp8" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_users_cells_add_to_the_shipped_ones_and_replace_the_same_cell():
+    base = shipped()
+    measured = next(c for c in base.cells if (c["path"], c["model"], c["ctx"]) == ("engine", "qwen2.5-7b", 2048))
+    rows = [{"id": 7, "status": "valid", "gpu": g, "path": "engine", "model": "qwen2.5-7b",
+             "ctx": 2048, "median_ms": ms, "weight_format": "bf16", "kv_dtype": "bf16",
+             "fingerprint_key": "env", "finished_at": "x"} for g, ms in (("h200", 5.0), ("l4", 70.0))]
+    cal = combine(base, from_rows(rows, [], {}, "mine"))
+    same = [c for c in cal.cells if (c["path"], c["model"], c["ctx"], c["gpu"]) == ("engine", "qwen2.5-7b", 2048, "h200")]
+    assert [c["ms"] for c in same] == [5.0] and measured["ms"] != 5.0
+    assert len(cal.cells) == len(base.cells) + 1
+    f = forecast(cal, "qwen2.5-7b", "l4", 2048, "engine")
+    assert f.fit.gpus == {"h200", "l4"} and not any("no cell of engine on l4" in n for n in f.notes())
+
+
+def test_published_cells_as_printed_or_from_the_published_fraction():
+    study = {"fraction_of_floor": [
+                {"gpu": "l4", "model": "qwen2.5-7b", "ctx": 2048, "path": "hf-eager", "value": 0.8},
+                {"gpu": "h100-sxm5", "model": "qwen2.5-7b", "ctx": 2048, "path": "hf-eager", "value": 0.25}],
+             "quantised_ms": [{"gpu": "l4", "path": "bf16", "ms": 60.0},
+                              {"gpu": "l4", "path": "GPTQ+ExLlamaV2", "ms": 20.0}]}
+    rows = {(r["gpu"], r["path"]): r["published_ms"] for r in published_cells(study)}
+    h100 = floor(resolve_model("qwen2.5-7b"), lookup("h100-sxm5"), 2048).floor_ms_all_params
+    assert rows == {("l4", "hf-eager"): 60.0, ("h100-sxm5", "hf-eager"): pytest.approx(h100 / 0.25),
+                    ("l4", "gptq-exllamav2"): 20.0}
+
+
+def test_predict_json_names_every_term_and_its_source(tmp_path):
+    proc = run_cli("predict", "--model", "llama-3.1-8b", "--gpu", "h200", "--path", "hf-eager",
+                   "--ctx", "4096", "--json", cwd=tmp_path, check=True, env=SRC)
+    f = json.loads(proc.stdout)
+    assert f["kind"] == "host-bound" and f["low"] < f["ms"] < f["high"]
+    assert f["ms"] == pytest.approx(max(f["gpu_ms"], f["host_ms"]))
+    assert f["gpu_ms"] == pytest.approx(sum(f["gpu_parts_ms"].values()))
+    terms = f["terms"]
+    assert f["host_ms"] == pytest.approx(terms["launches per layer"]["value"] * 32
+                                         * terms["host cost per launch"]["value"] / 1e3)
+    assert all(t["source"] for t in terms.values())

@@ -496,32 +496,51 @@ def report(
 def predict_cmd(
     model: Annotated[str, typer.Option(help="Shipped name or local directory.")],
     gpu: Annotated[str, typer.Option(help="Catalogue name of the GPU to forecast.")],
-    path: Annotated[str, typer.Option(help="A path measured in the database.")],
+    path: Annotated[str, typer.Option(help="A path measured on a GPU (shipped or in --db).")],
     ctx: Annotated[str, typer.Option(help="Context length.")] = "2048",
-    db: DB_OPTION = Path("floorline.db"),
+    db: Annotated[Optional[Path], typer.Option(
+        "--db", help="Your results database, added to the shipped H200 calibration; "
+                     "default: floorline.db where it exists.")] = None,
+    replace: Annotated[bool, typer.Option(
+        "--replace", help="Fit from --db alone, without the shipped calibration.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the forecast as JSON.")] = False,
 ) -> None:
-    """Forecast ms/step on any catalogued GPU from what the database measured, with an interval."""
+    """Forecast ms/step on any catalogued GPU from measured terms, with a 90% interval."""
     from floorline import hardware
+    from floorline.forecast import calibration
+    from floorline.forecast.accuracy import LEVEL, forecast
     from floorline.models import resolve_model
-    from floorline.predict import predict
+    from floorline.paths import parse_path
     from floorline.store import Store
 
-    store = Store(db, read_only=True)
+    if replace and db is None:
+        raise FloorlineError("--replace needs --db: the database to fit from instead")
     model, gpu = resolve_model(model).name, hardware.lookup(gpu).name  # as the cells name them
-    f = predict(model, gpu, one_context(ctx, "predict"), path, store.rows(), store.explanations(),
-                store.probes())
+    path = parse_path(path).name
+    cal = calibration.shipped() if not replace else calibration.Calibration()
+    if db is not None or Path("floorline.db").is_file():
+        store = Store(db or Path("floorline.db"), read_only=True)
+        mine = calibration.from_rows(store.rows(), store.explanations(), store.probes(),
+                                     f"{store.path}")
+        cal = mine if replace else calibration.combine(cal, mine)
+    f = forecast(cal, model, gpu, one_context(ctx, "predict"), path)
     if as_json:
         print(json.dumps(f.as_dict(), indent=2))
         return
-    interval = (f"{f.low:.2f}-{f.high:.2f} ms, 5th-95th percentile of leave-one-out errors"
-                if f.low is not None else "no interval: too few cells to cross-validate")
-    out.print(f"{f.path} on {f.gpu}, {f.model} ctx {f.ctx}: {f.ms:.2f} ms/step ({interval}); "
-              f"GPU side {f.gpu_ms:.2f} ms, host side {f.host_ms:.2f} ms, the "
-              f"{'GPU' if f.gpu_ms >= f.host_ms else 'host'} side governs",
+    interval = (f"{LEVEL:.0%} interval {f.low:.2f}-{f.high:.2f} ms from {f.errors_used} held-out "
+                f"{f.fit.kind} cells" if f.low is not None else
+                f"no interval: {f.errors_used} held-out {f.fit.kind} cells are too few for {LEVEL:.0%}")
+    s = f.step
+    out.print(f"{f.fit.path} on {f.gpu}, {f.model} ctx {f.ctx}: {f.ms:.2f} ms/step ({interval})\n"
+              f"  GPU side {s.gpu_ms:.2f} ms (weights {s.parts['weights']:.2f}, attention "
+              f"{s.parts['attention']:.2f}, small kernels {s.parts['small kernels']:.2f}); host side "
+              f"{s.host_ms:.2f} ms; the {'GPU' if s.gpu_ms >= s.host_ms else 'host'} side governs",
               highlight=False, markup=False)
-    for note in f.fit.notes:
-        out.print(f"  - {note}", highlight=False, markup=False)
+    out.print("  terms:", highlight=False, markup=False)
+    for term in f.fit.terms.values():
+        out.print(f"    {term.line()}", highlight=False, markup=False, soft_wrap=True)
+    for note in f.notes():
+        out.print(f"  - {note}", highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()

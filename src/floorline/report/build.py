@@ -45,12 +45,12 @@ EMPTY = {
     "Cells (the newest row of each)": figures.NO_CELLS,
     "Forecast, leave-one-out": (
         "This table is empty: each valid cell on a GPU of the catalogue is forecast from the "
-        "other cells of its path, and no path here has two such cells (a CPU's cells are not "
-        "forecast). `floorline sweep` on a GPU at two contexts or more fills it."),
-    "Forecast of the study's published hf-eager cells": (
-        "This table is empty: the study's cells are forecast from valid hf-eager cells on a GPU "
-        "of the catalogue, and this database holds none. `floorline sweep --paths hf-eager` on "
-        "a GPU fills it."),
+        "other cells of this database, and no path here has two such cells (a CPU's cells are "
+        "not forecast). `floorline sweep` on a GPU at two contexts or more fills it."),
+    "Forecast of the study's published cells": (
+        "This table is empty: the study's cells (transformers eager and quantised paths) are "
+        "forecast from valid cells of the same paths on a GPU of the catalogue, and this "
+        "database holds none. `floorline sweep --paths hf-eager` on a GPU fills it."),
     "A/B experiments": "This database holds no A/B experiment: `floorline ab` runs one.",
     "Environments": "There are no cells, so no environments: `floorline sweep` records each cell's.",
 }
@@ -127,33 +127,32 @@ def build_report(db: Path, out: Path) -> dict:
         html_parts.append(f"<p class='source'>{prose_html(drawn)}.</p>")
         md_parts.append(drawn + ".")
 
-    from floorline.predict import leave_one_out, study_check
+    from floorline.forecast.accuracy import coverage, leave_one_out
+    from floorline.forecast.calibration import from_rows
+    from floorline.forecast.published import study_check
 
-    loo = leave_one_out(sources["cells"], sources["explanations"], store.probes())
-    forecast_rows = [[r["id"], r["model"], r["gpu"], r["ctx"], r["path"], r["measured_ms"],
-                      r["forecast_ms"], f"{r['error']:+.1%}"] for r in loo]
-    try:
-        study_rows = [[r["gpu"], r["model"], r["ctx"], r["published_ms"], r["forecast_ms"],
-                       f"{r['error']:+.1%}"]
-                      for r in study_check(sources["cells"], sources["explanations"], store.probes())]
-    except FloorlineError:
-        study_rows = []  # no hf-eager cells to forecast from
+    cal = from_rows(sources["cells"], sources["explanations"], store.probes(), "cell")
+    loo = leave_one_out(cal)
+    forecast_rows = [[r["source"].removeprefix("cell "), r["model"], r["gpu"], r["ctx"], r["path"],
+                      r["kind"], r["measured_ms"], r["forecast_ms"], f"{r['error']:+.1%}"] for r in loo]
+    study_rows = [[r["gpu"], r["model"], r["ctx"], r["path"], r["published_ms"], r["forecast_ms"],
+                   f"{r['error']:+.1%}"] for r in study_check(cal, figures.study(), loo)
+                  if r["forecast_ms"] is not None]
     cell_rows = [[c["id"], c["model"], c["ctx"], c["path"], c["gpu"], c["status"], c["median_ms"],
                   c["floor_ms"], c["fraction_of_floor"], c["achieved_gbps"], c["reason"]]
                  for c in sources["cells"]]
     sections = [("Cells (the newest row of each)", ["id", "model", "ctx", "path", "gpu", "status", "ms/step", "floor ms",
                            "of floor", "GB/s", "reason"], cell_rows)]
     if loo:
-        mae = lambda rows: sum(abs(r["error"]) for r in rows) / len(rows)  # noqa: E731
-        per_path = "; ".join(f"{p}: {mae(rows):.1%} over {len(rows)}" for p, rows in
-                             sorted({r["path"]: [x for x in loo if x["path"] == r["path"]] for r in loo}.items()))
-        text = (f"Leave-one-out over {len(loo)} cells: mean absolute error {mae(loo):.1%} "
-                f"({per_path}).")
+        parts = [f"{k}: mean absolute error {v['mae']:.1%} over {v['cells']} cells, the 90% "
+                 f"interval held {v['covered']} of {v['with_interval']}"
+                 for k, v in coverage(loo).items()]
+        text = f"Leave-one-out over {len(loo)} cells; " + "; ".join(parts) + "."
         html_parts.append(f"<h2>Forecast accuracy</h2><p>{html.escape(text)}</p>")
         md_parts.append(f"## Forecast accuracy\n\n{md(text)}")
-    sections.append(("Forecast, leave-one-out", ["cell", "model", "gpu", "ctx", "path", "measured ms",
-                                                 "forecast ms", "error"], forecast_rows))
-    sections.append(("Forecast of the study's published hf-eager cells", ["gpu", "model", "ctx",
+    sections.append(("Forecast, leave-one-out", ["cell", "model", "gpu", "ctx", "path", "kind",
+                                                 "measured ms", "forecast ms", "error"], forecast_rows))
+    sections.append(("Forecast of the study's published cells", ["gpu", "model", "ctx", "path",
                      "published ms", "forecast ms", "error"], study_rows))
     sections.append(("A/B experiments", ["id", "sentence"], [[e["id"], e["sentence"]] for e in sources["ab"]]))
     fingerprints = {c["fingerprint_key"]: c["fingerprint"] for c in sources["cells"]}

@@ -1,0 +1,1 @@
+"""Forecast ms/step for a model x GPU x context x path from measured terms (see model.py)."""

@@ -1,0 +1,87 @@
+"""What a forecast is fitted from: cells, explain decompositions and probes, as plain records.
+
+The shipped calibration (h200.json, written by bench/forecast_calibration.py from the committed
+H200 measurements) lets `predict` run on a fresh install; a user's database adds to it or
+replaces it. Records carry a `source` naming where each came from, printed with the forecast.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+
+from floorline.hardware import catalogue_names
+
+SHIPPED = "h200.json"
+
+
+@dataclass
+class Calibration:
+    cells: list[dict] = field(default_factory=list)  # model ctx path gpu ms weight_format kv_dtype source
+    explanations: list[dict] = field(default_factory=list)  # path model ctx gpu kernels_per_step classes source
+    probes: list[dict] = field(default_factory=list)  # gpu eager_us graph_us stream_read_gbps source
+    cpu_paths: set[str] = field(default_factory=set)  # paths with valid cells on a non-catalogue device
+
+    def without(self, cell: dict) -> "Calibration":
+        return Calibration([c for c in self.cells if c is not cell], self.explanations,
+                           self.probes, self.cpu_paths)
+
+
+def cell_record(row: dict, source: str) -> dict:
+    return {"model": row["model"], "ctx": row["ctx"], "path": row["path"], "gpu": row["gpu"],
+            "ms": row["median_ms"], "weight_format": row["weight_format"],
+            "kv_dtype": row["kv_dtype"], "finished_at": row.get("finished_at"), "source": source}
+
+
+def explain_record(results: dict, source: str) -> dict:
+    return {"path": results["path"], "model": results["model"], "ctx": results["ctx"],
+            "gpu": results["gpu"], "kernels_per_step": results["kernels_per_step"],
+            "classes": {k: {"kernels_per_step": v["kernels_per_step"], "ms": v["ms"]}
+                        for k, v in results["classes"].items()},
+            "source": source}
+
+
+def probe_record(results: dict, gpu: str, source: str) -> dict:
+    return {"gpu": gpu, **{k: results[k] for k in ("eager_us", "graph_us", "stream_read_gbps")},
+            "source": source}
+
+
+def from_rows(rows: list[dict], explanations: list[dict], probes: dict[str, dict],
+              label: str) -> Calibration:
+    """A database's contents as records: valid cells of catalogued GPUs (the newest of each
+    model, ctx, path and GPU); CPU cells only noted, as they say nothing about a GPU; explain
+    results of catalogued GPUs that count kernels by class (the terms read those counts)."""
+    gpus = set(catalogue_names())
+    newest: dict[tuple, dict] = {}
+    cpu_paths = set()
+    for r in rows:
+        if r["status"] != "valid":
+            continue
+        if r["gpu"] not in gpus:
+            cpu_paths.add(r["path"])
+            continue
+        key = (r["model"], r["ctx"], r["path"], r["gpu"])
+        if key not in newest or (r.get("finished_at") or "") >= (newest[key].get("finished_at") or ""):
+            newest[key] = r
+    cells = [cell_record(r, f"{label} cell {r['id']}") for r in newest.values()]
+    env_gpu = {r["fingerprint_key"]: r["gpu"] for r in rows if r["gpu"] in gpus}
+    probe_list = [probe_record(p, env_gpu[k], f"{label} probe")
+                  for k, p in probes.items() if k in env_gpu]
+    expl = [explain_record(e, f"{label} explain {e['id']}") for e in explanations
+            if e["gpu"] in gpus and "classes" in e and "kernels_per_step" in e]
+    return Calibration(cells, expl, probe_list, cpu_paths)
+
+
+def shipped() -> Calibration:
+    data = json.loads(resources.files("floorline.forecast").joinpath(SHIPPED).read_text())
+    return Calibration(data["cells"], data["explanations"], data["probes"], set())
+
+
+def combine(base: Calibration, user: Calibration) -> Calibration:
+    """The user's records added to the shipped ones; a cell the user measured (same model,
+    ctx, path and GPU) replaces the shipped one."""
+    mine = {(c["model"], c["ctx"], c["path"], c["gpu"]) for c in user.cells}
+    kept = [c for c in base.cells if (c["model"], c["ctx"], c["path"], c["gpu"]) not in mine]
+    return Calibration(kept + user.cells, base.explanations + user.explanations,
+                       base.probes + user.probes, user.cpu_paths)

@@ -1,0 +1,61 @@
+"""The bytes each class of kernel moves in one step, and what kind of path runs them."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from floorline.hardware import lookup
+from floorline.models import resolve_model
+from floorline.paths import REGISTRY, parse_path
+from floorline.traffic import floor, kv_heads_and_dim, kv_layout
+
+GPU_GOVERNED, HOST_BOUND = "GPU-governed", "host-bound"
+TRANSFORMERS = "transformers"
+
+
+def family(path: str) -> str:
+    """Paths whose attention runs the same kernels over the same cache layout (torch.compile
+    generates its own)."""
+    spec = parse_path(path)
+    if spec.base.startswith("engine"):
+        return "engine"
+    if spec.base.startswith("llamacpp"):
+        return "llama.cpp"
+    return TRANSFORMERS + ("+compile" if spec.compile else "")
+
+
+def kind(path: str) -> str:
+    """Graph-replayed paths (+graphs, the engine, llama.cpp's own graphs) leave the host one
+    launch a step; the others launch every kernel from Python."""
+    spec = parse_path(path)
+    return GPU_GOVERNED if spec.graphs or not family(path).startswith(TRANSFORMERS) else HOST_BOUND
+
+
+def formats(path: str) -> tuple[str, str]:
+    p = REGISTRY[parse_path(path).base]
+    return p.weight_format, p.kv_dtype
+
+
+@cache
+def layers(model: str) -> int:
+    return resolve_model(model).config.get_text_config().num_hidden_layers
+
+
+@cache
+def weight_bytes(model: str, weight_format: str) -> int:
+    return floor(resolve_model(model), lookup("h200"), 1, weight_format).weight_bytes
+
+
+@cache
+def attention_bytes(model: str, ctx: int, path: str, kv_dtype: str) -> float:
+    """Bytes attention moves at `ctx`. The engine and llama.cpp read the cache as stored (K and
+    V per kv head). transformers' attention first repeats K and V to every query head
+    (repeat_kv) and attends over them, so its traffic scales with query heads; its static cache
+    is attended over its whole capacity, which a sweep sizes to the context."""
+    config = resolve_model(model).config
+    if not family(path).startswith(TRANSFORMERS):
+        return float(floor(resolve_model(model), lookup("h200"), ctx, "bf16", kv_dtype).kv_bytes)
+    _, windows = kv_layout(config)
+    _, head_dim = kv_heads_and_dim(config)
+    heads = config.get_text_config().num_attention_heads
+    return float(sum(2 * heads * head_dim * 2 * (ctx if w is None else min(ctx, w)) for w in windows))
