@@ -27,7 +27,7 @@ def cell(cal, loo, model, gpu, ctx, path) -> tuple[str, float | None]:
 def main() -> None:
     cal = shipped()
     loo = leave_one_out(cal)
-    stock = sorted({c["path"] for c in cal.cells if family(c["path"]) != "engine"})
+    stock = sorted({c["path"] for c in cal.cells if not family(c["path"]).startswith("engine")})
     published: dict[tuple, list[str]] = {}
     for r in published_cells(study()):
         published.setdefault((r["gpu"], r["model"], r["ctx"]), []).append(

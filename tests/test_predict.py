@@ -149,9 +149,9 @@ def test_predict_cli_refusals(tmp_path):
     proc = run_cli("predict", "--model", "qwen2.5-7b", "--gpu", "l4", "--path", "hf-eager",
                    "--replace", cwd=tmp_path, env=SRC)
     assert proc.returncode == 2 and "--replace needs --db" in proc.stderr
-    proc = run_cli("predict", "--model", "qwen2.5-7b", "--gpu", "l4", "--path", "engine-kvfp8",
+    proc = run_cli("predict", "--model", "qwen2.5-7b", "--gpu", "l4", "--path", "engine-fp8-kvfp8",
                    cwd=tmp_path, env=SRC)
-    assert proc.returncode == 2 and "no GPU cell of engine-kvfp8" in proc.stderr
+    assert proc.returncode == 2 and "no GPU cell of engine-fp8-kvfp8" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -15,10 +15,10 @@ TRANSFORMERS = "transformers"
 
 def family(path: str) -> str:
     """Paths whose attention runs the same kernels over the same cache layout (torch.compile
-    generates its own)."""
+    generates its own; the engine reads an fp8 cache with kernels of its own)."""
     spec = parse_path(path)
     if spec.base.startswith("engine"):
-        return "engine"
+        return "engine" + (" fp8 KV" if REGISTRY[spec.base].kv_dtype == "engine-fp8" else "")
     if spec.base.startswith("llamacpp"):
         return "llama.cpp"
     return TRANSFORMERS + ("+compile" if spec.compile else "")
