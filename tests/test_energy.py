@@ -194,3 +194,23 @@ def test_report_draws_energy_against_time_per_path(tmp_path):
     Store(empty).close()
     written = build_report(empty, tmp_path / "out2")
     assert "figure 7: No cell here has its energy per token" in "\n".join(written["missing"])
+
+
+def test_readings_a_gpu_does_not_report_are_left_out(fake_time):
+    nvml = FakeNVML()
+
+    def unsupported(*args):
+        raise FakeNVML.NVMLError("Not Supported")
+
+    nvml.nvmlDeviceGetEnforcedPowerLimit = nvml.nvmlDeviceGetTemperature = unsupported
+
+    def step():
+        nvml.step()
+        fake_time.now += 0.004
+
+    e = run_plan(step, "cpu", StepPlan(0, 20), EnergyMeter(nvml, None)).energy
+    assert e["joules_per_token"] == pytest.approx(2.5) and e["power_limit_w"] is None
+    assert e["at_start"] == {"sm_clock_mhz": 1980, "temperature_c": None}
+    from floorline.cli import energy_columns
+
+    assert energy_columns(e) == ["2.5", "625 (-)", "1980-1980", "-"]

@@ -144,6 +144,10 @@ def test_drift_is_last_quarter_over_first():
 def test_plan_caps_shrink_to_the_positions_left():
     plan = StepPlan(None, None).within(1000)
     assert plan.most_warmup + plan.most_steps <= 1000
+    assert plan.warmup_cap == int(512 * 1000 / (512 + 2048))
+    plan = StepPlan(100, None).within(600)
+    assert (plan.most_warmup, plan.most_steps) == (100, 500)
+    assert StepPlan(None, 16).within(0).warmup_cap == 2 * timer.WINDOW
     assert StepPlan(8, 64).within(10) == StepPlan(8, 64)  # fixed counts are never cut
 
 

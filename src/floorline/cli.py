@@ -272,9 +272,11 @@ def energy_columns(e: dict | None) -> list[str]:
     if e is None:
         return ["-"] * 4
     start, end = e["at_start"], e["at_end"]
-    return [f"{e['joules_per_token']:.4g}", f"{e['mean_watts']:.0f} ({e['power_limit_w']:.0f})",
-            f"{start['sm_clock_mhz']}-{end['sm_clock_mhz']}",
-            f"{start['temperature_c']}-{end['temperature_c']}"]
+    span = lambda k: ("-" if start[k] is None and end[k] is None  # noqa: E731
+                      else f"{_num(start[k], 'd')}-{_num(end[k], 'd')}")
+    return [f"{e['joules_per_token']:.4g}",
+            f"{e['mean_watts']:.0f} ({_num(e['power_limit_w'], '.0f')})",
+            span("sm_clock_mhz"), span("temperature_c")]
 
 
 def cells_table(rows: list[dict], title: str, probes: dict[str, dict]) -> Table:

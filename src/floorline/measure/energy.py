@@ -49,10 +49,17 @@ class EnergyMeter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def _query(self, fn, *args):
+        """One reading, or None where this GPU or driver does not report it."""
+        try:
+            return fn(self.handle, *args)
+        except self.nvml.NVMLError:
+            return None
+
     def _state(self) -> dict:
         n = self.nvml
-        return {"sm_clock_mhz": n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM),
-                "temperature_c": n.nvmlDeviceGetTemperature(self.handle, n.NVML_TEMPERATURE_GPU)}
+        return {"sm_clock_mhz": self._query(n.nvmlDeviceGetClockInfo, n.NVML_CLOCK_SM),
+                "temperature_c": self._query(n.nvmlDeviceGetTemperature, n.NVML_TEMPERATURE_GPU)}
 
     def _sample(self) -> None:
         while not self._stop.is_set():
@@ -87,7 +94,8 @@ class EnergyMeter:
         positive (a counter that did not advance over too short a timing)."""
         if self.joules <= 0 or self.seconds <= 0 or tokens < 1:
             return None
+        limit_mw = self._query(self.nvml.nvmlDeviceGetEnforcedPowerLimit)
         return {"joules_per_token": self.joules / tokens, "mean_watts": self.joules / self.seconds,
                 "joules": self.joules, "seconds": self.seconds, "tokens": tokens,
-                "power_limit_w": self.nvml.nvmlDeviceGetEnforcedPowerLimit(self.handle) / 1e3,
+                "power_limit_w": None if limit_mw is None else limit_mw / 1e3,
                 "method": self.method, "at_start": self.at_start, "at_end": self.at_end}

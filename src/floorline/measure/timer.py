@@ -39,12 +39,15 @@ class StepPlan:
         return self.steps_cap if self.steps is None else self.steps
 
     def within(self, room: int) -> StepPlan:
-        """The plan with its caps cut, in proportion, so that warm-up and timing take at most
-        `room` steps (not below two windows of warm-up and the first batch of timing)."""
-        total = self.most_warmup + self.most_steps
-        if room >= total or (self.warmup is not None and self.steps is not None):
+        """The plan with its automatic parts' caps cut, in proportion, so that warm-up and
+        timing take at most `room` steps (not below two windows of warm-up and the first batch
+        of timing; a fixed count is never cut)."""
+        auto = ((self.warmup_cap if self.warmup is None else 0)
+                + (self.steps_cap if self.steps is None else 0))
+        fixed = self.most_warmup + self.most_steps - auto
+        if auto == 0 or room >= fixed + auto:
             return self
-        scale = max(room, 0) / total
+        scale = max(room - fixed, 0) / auto
         return replace(self, warmup_cap=max(2 * WINDOW, int(self.warmup_cap * scale)),
                        steps_cap=max(FIRST_STEPS, int(self.steps_cap * scale)))
 
@@ -52,10 +55,10 @@ class StepPlan:
         """The rule, for a cell's details."""
         rule = {}
         if self.warmup is None:
-            rule["warmup"] = {"window": WINDOW, "tolerance": TOLERANCE, "cap": self.warmup_cap,
+            rule["warmup_rule"] = {"window": WINDOW, "tolerance": TOLERANCE, "cap": self.warmup_cap,
                               "cap_s": WARMUP_MAX_S}
         if self.steps is None:
-            rule["steps"] = {"rel_width": self.rel_width, "confidence": 0.95,
+            rule["steps_rule"] = {"rel_width": self.rel_width, "confidence": 0.95,
                              "cap": self.steps_cap}
         return rule
 
