@@ -18,6 +18,9 @@
 #                                       decode cells at ctx 32768-131072 (PATHS adds e.g. engine-fp8-kvfp8),
 #                                       then the logits' difference at ctx 2048, 32768, 131072
 #   bash bench/h200_engine.sh kvfp8-kernels   split-KV attention on an fp8 cache, per split and block size
+#   bash bench/h200_engine.sh energy    J/token of the engine and stock paths (Qwen2.5-7B, ctx 2048), and
+#                                       the engine's ctx 16384 cells warmed up until steady, with their
+#                                       drift; its own database (about 8 minutes)
 # Files for the results folder go to $OUT (the device tool's) or bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,6 +70,18 @@ case ${1:?stage} in
   kvfp8-kernels)
     python3 bench/engine_kernels.py --model llama-3.1-8b --ctx 32768,131072 --kv fp8 \
       --json "$DEST/h200_engine_kernels_llama-3.1-8b_kvfp8.json" ;;
+  energy)
+    # 512 timed steps: over a second even on the fastest path, so that the energy counter
+    # advances many times; the warm-up is the default, until steady.
+    EDB=${DB%.db}_energy.db
+    fl sweep --db "$EDB" --models qwen2.5-7b --ctx 2048 --steps 512 \
+      --paths engine,engine-int4,engine-fp8,hf-static+graphs,hf-eager || echo "stage failed"
+    fl sweep --db "$EDB" --models qwen2.5-7b --ctx 16384 --steps 256 \
+      --paths engine,engine-int4,engine-fp8 || echo "stage failed"
+    fl sweep --db "$EDB" --models llama-3.1-8b --ctx 16384 --steps 256 --paths engine || echo "stage failed"
+    fl show --db "$EDB" --csv > "$DEST/h200_energy_cells.csv" || echo "stage failed"
+    fl report --db "$EDB" --out "$DEST/h200_energy_report" || echo "stage failed"
+    DB=$EDB ;;
   quant-check) python3 bench/engine_check.py --quantised --json "$DEST/h200_engine_quant_check.json" ;;
   explain)
     for p in ${EXPLAIN_PATHS:-engine}; do for m in ${MODELS//,/ }; do for c in ${CTX//,/ }; do

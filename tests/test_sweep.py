@@ -110,7 +110,7 @@ def test_context_above_the_model_limit_is_an_invalid_cell(tmp_path):
     # shortened to 1012 tokens so that the last timed step takes the last position.
     db = tmp_path / "r.db"
     proc = run_cli("sweep", "--db", db, "--models", "tiny-qwen2", "--ctx", "16,1024,1025",
-                   "--steps", "4", "--gpu", GPU, "--paths", "hf-eager")
+                   "--steps", "4", "--warmup", "8", "--gpu", GPU, "--paths", "hf-eager")
     assert proc.returncode == 0
     by_ctx = {c["ctx"]: c for c in rows(db)}
     assert by_ctx[16]["status"] == "valid" and by_ctx[16]["details"]["prompt_tokens"] == 16

@@ -27,6 +27,8 @@ DB_OPTION = Annotated[Path, typer.Option("--db", help="Results database (SQLite)
 DEVICE_OPTION = Annotated[Optional[str], typer.Option(help="cuda, cuda:N or cpu; default: cuda if present.")]
 GPU_OPTION = Annotated[Optional[str], typer.Option(help="GPU for the floor (`floorline gpus`); default: detected.")]
 TRUST_OPTION = Annotated[bool, typer.Option("--trust-remote-code", help="Run a config's own model code (auto_map).")]
+WARMUP_OPTION = Annotated[str, typer.Option(help="Untimed decode steps before timing, or 'auto': until the median of 32 steps is within 1% of the 32 before (at most 512 steps or about 5 s).")]
+REL_WIDTH_OPTION = Annotated[Optional[float], typer.Option(help="With --steps auto: the width of the median's 95% interval to reach, as a fraction of the median (default 0.01).")]
 SEED_MAX = 2**32 - 1
 STEPS_MAX = 1_000_000
 MAX_CONTEXT = 2**31 - 1  # tokens; far above any model, and within what the database stores
@@ -53,6 +55,34 @@ def parse_contexts(values: list[str] | None) -> list[int]:
                                  f"{MAX_CONTEXT}, got {ctx}")
         contexts.append(ctx)
     return contexts
+
+
+def parse_count(text: str, option: str, least: int) -> int | None:
+    """A number of steps, or None for 'auto'."""
+    if text == "auto":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        raise FloorlineError(f"{option} must be 'auto' or a whole number of steps, got "
+                             f"'{text}'") from None
+    if not least <= n <= STEPS_MAX:
+        raise FloorlineError(f"{option} must be 'auto' or from {least} to {STEPS_MAX}, got {n}")
+    return n
+
+
+def parse_rel_width(rel_width: float | None, steps: int | None) -> float:
+    """--rel-width, which only `--steps auto` reads; default 0.01."""
+    from floorline.measure.timer import REL_WIDTH
+
+    if rel_width is None:
+        return REL_WIDTH
+    if steps is not None:
+        raise FloorlineError("--rel-width applies only with --steps auto")
+    if not 0 < rel_width < 1:
+        raise FloorlineError(f"--rel-width must be above 0 and below 1 (a fraction of the "
+                             f"median), got {rel_width:g}")
+    return rel_width
 
 
 def one_context(text: str, command: str) -> int:
@@ -231,6 +261,25 @@ def floor_cmd(
     out.print(table)
 
 
+def warmup_columns(details: dict) -> list[str]:
+    """Warm-up steps (marked where the step never settled before the cap) and drift."""
+    steps = details.get("warmup_steps")
+    label = "-" if steps is None else f"{steps}" + (" (not steady)" if details.get("steady") is False else "")
+    return [label, _num(details.get("drift"), ".3f")]
+
+
+def energy_columns(e: dict | None) -> list[str]:
+    """J/token, mean and limit watts, SM clock and temperature at start and end of timing."""
+    if e is None:
+        return ["-"] * 4
+    start, end = e["at_start"], e["at_end"]
+    span = lambda k: ("-" if start[k] is None and end[k] is None  # noqa: E731
+                      else f"{_num(start[k], 'd')}-{_num(end[k], 'd')}")
+    return [f"{e['joules_per_token']:.4g}",
+            f"{e['mean_watts']:.0f} ({_num(e['power_limit_w'], '.0f')})",
+            span("sm_clock_mhz"), span("temperature_c")]
+
+
 def cells_table(rows: list[dict], title: str, probes: dict[str, dict]) -> Table:
     """Cells with their fraction of the datasheet floor and, where this environment was probed,
     of the floor at the measured streaming-read bandwidth."""
@@ -244,7 +293,16 @@ def cells_table(rows: list[dict], title: str, probes: dict[str, dict]) -> Table:
     prefilled = any("prefill_ms" in r["details"] for r in rows)  # paths that time their prefill
     if prefilled:
         columns += ["TTFT ms", "prefill tok/s"]
+    warmed = any("warmup_steps" in r["details"] for r in rows)  # cells since warm-up was recorded
+    if warmed:
+        columns += ["warm-up", "drift"]
+    energy = any("energy" in r["details"] for r in rows)
+    if energy:
+        columns += ["J/token", "W (limit)", "SM MHz", "°C"]
     table = Table(*columns, "reason", title=escape(title))
+    notes = sorted({r["details"]["energy_note"] for r in rows if "energy_note" in r["details"]})
+    if notes:
+        table.caption = escape("energy per token: " + "; ".join(notes))
     pct = lambda v: "-" if v is None else percent(v)  # noqa: E731
     for r in rows:
         spread = f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}" if r["p10_ms"] is not None else "-"
@@ -260,6 +318,8 @@ def cells_table(rows: list[dict], title: str, probes: dict[str, dict]) -> Table:
             *([describe(reduced.get(r["id"]))] if reduced else []),
             *([_num(r["details"].get("prefill_ms"), ".1f"),
                _num(r["details"].get("prefill_tokens_per_s"), ".0f")] if prefilled else []),
+            *(warmup_columns(r["details"]) if warmed else []),
+            *(energy_columns(r["details"].get("energy")) if energy else []),
             escape(r["reason"] or ""),
         )
     return table
@@ -270,8 +330,9 @@ def sweep(
     models: Annotated[Optional[list[str]], typer.Option(help="Models (names or directories), comma-separated.")] = None,
     ctx: Annotated[Optional[list[str]], typer.Option(help="Context lengths, comma-separated.")] = None,
     paths: Annotated[Optional[list[str]], typer.Option(help="Paths, comma-separated (`floorline paths`).")] = None,
-    steps: Annotated[int, typer.Option(min=1, max=STEPS_MAX, help="Timed decode steps per cell.")] = 64,
-    warmup: Annotated[int, typer.Option(min=0, max=STEPS_MAX, help="Untimed decode steps before timing.")] = 8,
+    steps: Annotated[str, typer.Option(help="Timed decode steps per cell, or 'auto': until the median's 95% interval is within --rel-width (at most 2048).")] = "64",
+    warmup: WARMUP_OPTION = "auto",
+    rel_width: REL_WIDTH_OPTION = None,
     db: DB_OPTION = Path("floorline.db"),
     device: DEVICE_OPTION = None,
     gpu: GPU_OPTION = None,
@@ -280,15 +341,19 @@ def sweep(
     trust_remote_code: TRUST_OPTION = False,
 ) -> None:
     """Measure a grid of cells into the results database (bare: the study's grid, or the CPU demo)."""
+    from floorline.measure.cell import key_steps, key_warmup
     from floorline.measure.sweep import Grid, Sweep, check_grid, default_grid
     from floorline.store import Store
 
+    step_count = parse_count(steps, "--steps", 1)
+    width = parse_rel_width(rel_width, step_count)
+    warmup_count = parse_count(warmup, "--warmup", 0)
     device = check_device(device)
     default = default_grid(device)
     grid = check_grid(Grid(tuple(split_list(models, "--models")) or default.models,
                            tuple(parse_contexts(ctx)) or default.contexts,
                            tuple(split_list(paths, "--paths")) or default.paths), trust_remote_code)
-    keys = grid.cells(steps, warmup)
+    keys = grid.cells(key_steps(step_count, width), key_warmup(warmup_count))
     device_spec = resolve_gpu(gpu, device)
     runner = Sweep(Store(db), device, device_spec, force=force, seed=seed,
                    trust_remote_code=trust_remote_code)
@@ -326,7 +391,7 @@ def ab(
     sessions: Annotated[int, typer.Option(min=1, max=STEPS_MAX, help="Fresh sessions (processes).")] = 10,
     steps: Annotated[int, typer.Option(min=1, max=STEPS_MAX, help="Timed steps per arm per session.")] = 64,
     block: Annotated[int, typer.Option(min=1, max=STEPS_MAX, help="Steps per block when arms alternate.")] = 8,
-    warmup: Annotated[int, typer.Option(min=0, max=STEPS_MAX, help="Untimed steps per arm per session.")] = 8,
+    warmup: WARMUP_OPTION = "auto",
     seed: Annotated[Optional[int], typer.Option(min=0, max=SEED_MAX,
                                                 help="Seed of the arm order and the bootstrap; "
                                                      "default: drawn and recorded.")] = None,
@@ -344,9 +409,10 @@ def ab(
     from floorline.paths import parse_path
     from floorline.store import Store
 
+    warmup_count = parse_count(warmup, "--warmup", 0)
     device = check_device(device)
     plan = Plan(parse_path(a).name, parse_path(b).name, model, one_context(ctx, "ab"), device,
-                resolve_gpu(gpu, device).name, sessions, steps, block, warmup,
+                resolve_gpu(gpu, device).name, sessions, steps, block, warmup_count,
                 random.SystemRandom().randrange(2**31) if seed is None else seed,
                 trust_remote_code)
     check_plan(plan)
@@ -376,10 +442,15 @@ def ab(
     if as_json:
         print(json.dumps(result, indent=2))
         return
-    table = Table("session", "first", f"{plan.a} ms", f"{plan.b} ms", "ratio a/b", "status")
+    energy = any(s.energy_ratio is not None for s in summary.sessions)
+    table = Table("session", "first", f"{plan.a} ms", f"{plan.b} ms", "ratio a/b",
+                  *([f"{plan.a} J/token", f"{plan.b} J/token", "energy a/b"] if energy else []),
+                  "status")
     for s in summary.sessions:
         table.add_row(str(s.index), s.first_arm or "-", _num(s.ms_a, ".3f"), _num(s.ms_b, ".3f"),
                       _num(s.ratio, ".4f"),
+                      *([_num(s.j_a, ".4g"), _num(s.j_b, ".4g"), _num(s.energy_ratio, ".4f")]
+                        if energy else []),
                       s.status if s.status == "ok" else escape(f"failed: {s.reason}"))
     out.print(table)
     out.print(summary.sentence(), highlight=False, markup=False)
@@ -429,7 +500,7 @@ def explain_cmd(
     ctx: Annotated[str, typer.Option(help="Context length.")] = "2048",
     path: Annotated[str, typer.Option(help="Path, e.g. hf-static+graphs.")] = "hf-eager",
     steps: Annotated[int, typer.Option(min=1, max=STEPS_MAX, help="Steps timed, then profiled.")] = 16,
-    warmup: Annotated[int, typer.Option(min=0, max=STEPS_MAX)] = 8,
+    warmup: WARMUP_OPTION = "auto",
     db: DB_OPTION = Path("floorline.db"),
     device: DEVICE_OPTION = None,
     gpu: GPU_OPTION = None,
@@ -441,13 +512,14 @@ def explain_cmd(
     from floorline.paths import parse_path, require_available
     from floorline.store import Store
 
+    warmup_count = parse_count(warmup, "--warmup", 0)
     device = check_device(device)
     context = one_context(ctx, "explain")
     require_available(parse_path(path), device)
     gpu_spec = resolve_gpu(gpu, device)
-    check_context(model, context, path, gpu_spec, steps, warmup)
+    check_context(model, context, path, gpu_spec, steps, warmup_count)
     store = Store(db)
-    result = explain(model, context, path, device, gpu_spec, steps, warmup)
+    result = explain(model, context, path, device, gpu_spec, steps, warmup_count)
     env = environment(device)
     store.add_explanation(result, env, fingerprint_key(env))
     if as_json:

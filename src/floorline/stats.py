@@ -32,23 +32,42 @@ class Interval:
     n: int
 
 
-def mean_interval(values, seed: int, confidence: float = 0.95,
-                  resamples: int = 10_000) -> Interval:
-    """The mean with a BCa bootstrap interval (scipy.stats.bootstrap); no interval under two
-    values, or where every value is the same."""
+def _bootstrap(x, statistic, method: str, seed: int, confidence: float, resamples: int):
+    """scipy.stats.bootstrap's interval; scipy 1.15 renamed random_state to rng, and the GPU
+    image's scipy may be older or newer."""
     import inspect
 
     from scipy.stats import bootstrap
 
-    # scipy 1.15 renamed random_state to rng; the GPU image's scipy may be older or newer.
     seed_arg = "rng" if "rng" in inspect.signature(bootstrap).parameters else "random_state"
+    res = bootstrap((x,), statistic, confidence_level=confidence, n_resamples=resamples,
+                    method=method, batch=500, **{seed_arg: np.random.default_rng(seed)})
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def mean_interval(values, seed: int, confidence: float = 0.95,
+                  resamples: int = 10_000) -> Interval:
+    """The mean with a BCa bootstrap interval; no interval under two values, or where every
+    value is the same."""
     x = np.asarray(values, dtype=float)
     if x.size < 2 or np.ptp(x) == 0:
         return Interval(float(x.mean()) if x.size else float("nan"), None, None, int(x.size))
-    res = bootstrap((x,), np.mean, confidence_level=confidence, n_resamples=resamples,
-                    method="BCa", **{seed_arg: np.random.default_rng(seed)})
-    ci = res.confidence_interval
-    return Interval(float(x.mean()), float(ci.low), float(ci.high), int(x.size))
+    low, high = _bootstrap(x, np.mean, "BCa", seed, confidence, resamples)
+    return Interval(float(x.mean()), low, high, int(x.size))
+
+
+def median_interval(values, seed: int = 0, confidence: float = 0.95,
+                    resamples: int = 2_000) -> Interval:
+    """The median with a percentile bootstrap interval (BCa's jackknife is costly and unsteady
+    for the median of tied values); a single point where every value is the same."""
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        raise ValueError("no samples")
+    median = float(np.median(x))
+    if x.size < 2 or np.ptp(x) == 0:
+        return Interval(median, median, median, int(x.size))
+    low, high = _bootstrap(x, np.median, "percentile", seed, confidence, resamples)
+    return Interval(median, low, high, int(x.size))
 
 
 def percent(fraction: float) -> str:

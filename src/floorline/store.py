@@ -72,10 +72,15 @@ COLUMNS = ("id", "model", "ctx", "path", "steps", "warmup", "gpu", "status", "re
            "fingerprint", "details", "finished_at")
 
 
-# The cells' numeric columns (SQLite would store any value in them).
+# The cells' numeric columns (SQLite would store any value in them); steps and warmup may also
+# hold the automatic rule ("auto:<relative width>", "auto").
 NUMBERS = ("ctx", "steps", "warmup", "median_ms", "p10_ms", "p90_ms", "mean_ms", "floor_ms",
            "floor_ms_all_params", "fraction_of_floor", "achieved_gbps", "weight_bytes", "kv_bytes",
            "total_bytes", "peak_gbps")
+
+
+def _is_auto(value) -> bool:
+    return isinstance(value, str) and (value == "auto" or value.startswith("auto:"))
 
 
 def parse_json(text, where: str, column: str, kind=dict):
@@ -225,7 +230,8 @@ class Store:
             row = dict(zip(COLUMNS, values))
             try:
                 for k in NUMBERS:
-                    if row[k] is not None and not isinstance(row[k], (int, float)):
+                    if (row[k] is not None and not isinstance(row[k], (int, float))
+                            and not (k in ("steps", "warmup") and _is_auto(row[k]))):
                         raise FloorlineError(f"{self.path}: cells row {row['id']}: {k} is not a "
                                              f"number but {row[k]!r} (a damaged row)")
                 for k, kind in (("samples_ms", list), ("fingerprint", dict), ("details", dict)):

@@ -5,7 +5,8 @@ measures both arms in alternating blocks, ABBA..., the first arm drawn from the 
 Unpaired (different bases: different weights or libraries): sessions of A and B run as
 separate fresh processes, interleaved, and session i of A is set against session i of B.
 Per session: each arm's median ms/step and the ratio ms_a / ms_b. The headline is the mean
-ratio with a 95% BCa bootstrap interval over sessions.
+ratio with a 95% BCa bootstrap interval over sessions; where both arms' energy was measured
+(NVML), so is the ratio of their joules per token.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Plan:
     sessions: int = 10
     steps: int = 64
     block: int = 8
-    warmup: int = 8
+    warmup: int | None = None  # None: until steady
     seed: int = 0
     trust_remote_code: bool = False
 
@@ -47,6 +48,10 @@ class SessionResult:
     first_arm: str | None = None
     samples_a: list[float] = field(default_factory=list)
     samples_b: list[float] = field(default_factory=list)
+    warmup_steps: list[int] | None = None  # per arm, a then b
+    energy_a: dict | None = None  # measure.energy's result, where measured
+    energy_b: dict | None = None
+    energy_note: str | None = None  # why not, where an arm has none
 
     @property
     def ms_a(self) -> float | None:
@@ -60,10 +65,25 @@ class SessionResult:
     def ratio(self) -> float | None:
         return self.ms_a / self.ms_b if self.status == "ok" else None
 
+    @property
+    def j_a(self) -> float | None:
+        return self.energy_a["joules_per_token"] if self.energy_a else None
+
+    @property
+    def j_b(self) -> float | None:
+        return self.energy_b["joules_per_token"] if self.energy_b else None
+
+    @property
+    def energy_ratio(self) -> float | None:
+        """Joules per token of a over b, where both were measured."""
+        return self.j_a / self.j_b if self.j_a and self.j_b else None
+
     def as_dict(self) -> dict:
         return {"index": self.index, "status": self.status, "reason": self.reason,
                 "first_arm": self.first_arm, "ms_a": self.ms_a, "ms_b": self.ms_b,
-                "ratio": self.ratio}
+                "ratio": self.ratio, "warmup_steps": self.warmup_steps,
+                "energy_a": self.energy_a, "energy_b": self.energy_b,
+                "energy_ratio": self.energy_ratio, "energy_note": self.energy_note}
 
 
 @dataclass
@@ -73,6 +93,7 @@ class ABSummary:
     speedup: Interval | None
     ms_a: Interval | None
     ms_b: Interval | None
+    energy: Interval | None = None  # joules per token, a over b
 
     @property
     def ok(self) -> list[SessionResult]:
@@ -89,13 +110,24 @@ class ABSummary:
         failed = len(self.sessions) - n
         return (f"{p.b} is {s.estimate:.3f}x {how} {p.a} ({ci}, N={n} fresh sessions"
                 + ("" if p.paired else ", unpaired") + (f", {failed} failed" if failed else "")
-                + f"; {p.model}, ctx {p.ctx}, {p.gpu})")
+                + f"; {p.model}, ctx {p.ctx}, {p.gpu}); " + self.energy_sentence())
+
+    def energy_sentence(self) -> str:
+        e = self.energy
+        if e is None:
+            notes = sorted({s.energy_note for s in self.ok if s.energy_note})
+            return "energy per token " + ("; ".join(notes) if notes else "not measured")
+        ci = (f"95% CI {e.low:.3f}-{e.high:.3f}" if e.low is not None
+              else "no interval from fewer than 2 distinct sessions")
+        return (f"energy per token {self.plan.a}/{self.plan.b} {e.estimate:.3f} ({ci}, "
+                f"N={e.n} sessions with both arms' energy)")
 
     def as_dict(self) -> dict:
         p = self.plan
         iv = lambda i: (None, None, None) if i is None else (i.estimate, i.low, i.high)  # noqa: E731
         speedup, ci_low, ci_high = iv(self.speedup)
         (ms_a, ms_a_low, ms_a_high), (ms_b, ms_b_low, ms_b_high) = iv(self.ms_a), iv(self.ms_b)
+        energy, energy_low, energy_high = iv(self.energy)
         return {
             "a": p.a, "b": p.b, "model": p.model, "ctx": p.ctx, "gpu": p.gpu, "device": p.device,
             "paired": p.paired, "sessions": len(self.ok), "sessions_requested": p.sessions,
@@ -103,6 +135,7 @@ class ABSummary:
             "steps": p.steps, "block": p.block, "warmup": p.warmup,
             "speedup": speedup, "ci_low": ci_low, "ci_high": ci_high,
             "ms_a": ms_a, "ms_a_ci": [ms_a_low, ms_a_high], "ms_b": ms_b, "ms_b_ci": [ms_b_low, ms_b_high],
+            "energy_ratio": energy, "energy_ratio_ci": [energy_low, energy_high],
             "sentence": self.sentence(),
             "per_session": [s.as_dict() for s in self.sessions],
         }
@@ -120,26 +153,31 @@ def run_session(plan: Plan, index: int, worker: list[str] | None = None) -> Sess
         out = run_fresh(_job(plan, (plan.a, plan.b), seed), worker)
         if "error" in out:
             return SessionResult(index, "failed", out["error"])
-        a, b = out["samples_ms"]
-        return SessionResult(index, "ok", None, out["first_arm"], a, b)
+        return SessionResult(index, "ok", None, out["first_arm"], *out["samples_ms"],
+                             out["warmup_steps"], *out["energy"], out["energy_note"])
     order = [plan.a, plan.b] if random.Random(seed).randrange(2) == 0 else [plan.b, plan.a]
-    samples = {}
+    arms = {}
     for arm in order:
         out = run_fresh(_job(plan, (arm,), seed), worker)
         if "error" in out:
             return SessionResult(index, "failed", f"{arm}: {out['error']}", order[0])
-        samples[arm] = out["samples_ms"][0]
-    return SessionResult(index, "ok", None, order[0], samples[plan.a], samples[plan.b])
+        arms[arm] = out
+    a, b = arms[plan.a], arms[plan.b]
+    return SessionResult(index, "ok", None, order[0], a["samples_ms"][0], b["samples_ms"][0],
+                         a["warmup_steps"] + b["warmup_steps"], a["energy"][0], b["energy"][0],
+                         a["energy_note"] or b["energy_note"])
 
 
 def summarise_sessions(plan: Plan, sessions: list[SessionResult]) -> ABSummary:
     ok = [s for s in sessions if s.status == "ok"]
     if not ok:
         return ABSummary(plan, sessions, None, None, None)
+    energy = [s.energy_ratio for s in ok if s.energy_ratio is not None]
     return ABSummary(plan, sessions,
                    mean_interval([s.ratio for s in ok], plan.seed),
                    mean_interval([s.ms_a for s in ok], plan.seed),
-                   mean_interval([s.ms_b for s in ok], plan.seed))
+                   mean_interval([s.ms_b for s in ok], plan.seed),
+                   mean_interval(energy, plan.seed) if energy else None)
 
 
 def check_plan(plan: Plan) -> None:
@@ -152,7 +190,10 @@ def check_plan(plan: Plan) -> None:
         require_available(parse_path(arm), plan.device)
     if plan.sessions < 1 or plan.steps < 1 or plan.block < 1:
         raise FloorlineError("sessions, steps and block must be at least 1")
-    fit_prompt(plan.ctx, decode_steps(_job(plan, (plan.a, plan.b), 0)), model.max_context)
+    if plan.warmup is not None and plan.warmup < 0:
+        raise FloorlineError("warm-up must be 'auto' or at least 0")
+    fit_prompt(plan.ctx, decode_steps(_job(plan, (plan.a, plan.b), 0), model.max_context),
+               model.max_context)
 
 
 def run_ab(plan: Plan, on_session: Callable[[SessionResult], None] = lambda s: None,

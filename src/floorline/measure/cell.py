@@ -7,9 +7,10 @@ from dataclasses import asdict, dataclass, field
 
 from floorline.errors import FloorlineError, one_line
 from floorline.hardware import DeviceSpec
+from floorline.measure.energy import NO_READING, open_meter
 from floorline.measure.fingerprint import clocks
 from floorline.measure.reduction import reference_path
-from floorline.measure.timer import time_steps
+from floorline.measure.timer import StepPlan, run_plan
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, PathUnavailable, open_session, parse_path, unavailable
 from floorline.paths.base import GRAPH_WARMUP_STEPS, compile_mode
@@ -18,6 +19,7 @@ from floorline.traffic import floor
 
 VALID = "valid"
 INVALID = "invalid"
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -25,8 +27,24 @@ class CellKey:
     model: str
     ctx: int
     path: str
-    steps: int
-    warmup: int
+    steps: int | str  # a count, or "auto:<relative width>"
+    warmup: int | str  # a count, or "auto"
+
+    @property
+    def plan(self) -> StepPlan:
+        warmup = None if self.warmup == AUTO else self.warmup
+        if isinstance(self.steps, str):
+            return StepPlan(warmup, None, float(self.steps.removeprefix(AUTO + ":")))
+        return StepPlan(warmup, self.steps)
+
+
+def key_steps(steps: int | None, rel_width: float) -> int | str:
+    """A cell's `steps` as stored: the count, or the automatic rule with its width."""
+    return f"{AUTO}:{rel_width:g}" if steps is None else steps
+
+
+def key_warmup(warmup: int | None) -> int | str:
+    return AUTO if warmup is None else warmup
 
 
 @dataclass
@@ -116,17 +134,19 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
     cell.reason = floor_problem(cell_floor)
     if cell.reason:
         return cell
-    # The details say how many cached tokens the first and the last timed step read (the
-    # floor counts ctx).
-    decode = GRAPH_WARMUP_STEPS * spec.graphs + key.warmup + key.steps
+    # Room for the most steps the plan may run; the details say how many cached tokens the
+    # first and the last timed step read (the floor counts ctx).
+    graph_steps = GRAPH_WARMUP_STEPS * spec.graphs
+    plan = key.plan
+    if model.max_context is not None:
+        plan = plan.within(model.max_context - key.ctx - graph_steps)
     try:
-        prompt = fit_prompt(key.ctx, decode, model.max_context)
+        prompt = fit_prompt(key.ctx, graph_steps + plan.most_warmup + plan.most_steps,
+                            model.max_context)
     except FloorlineError as e:
         cell.reason = str(e)
         return cell
-    capacity = prompt + decode
-    cell.details.update(prompt_tokens=prompt, timed_steps_read=[capacity - key.steps,
-                                                                capacity - 1])
+    cell.details.update(prompt_tokens=prompt, **plan.describe())
     reason = unavailable(spec, device)
     if reason is not None:
         cell.reason = f"path unavailable: {reason}"
@@ -134,11 +154,21 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
     session = None
     try:
         with torch.no_grad():
-            session = open_session(spec, model, device, capacity, seed)
+            session = open_session(spec, model, device, prompt + graph_steps + plan.most_warmup
+                                   + plan.most_steps, seed)
             session.prefill(prompt)
             cell.details.update(session.prefill_details())
-            cell.samples_ms = time_steps(session.step, device, key.steps, key.warmup)
+            meter, note = open_meter(device)
+            timing = run_plan(session.step, device, plan, meter)
             cell.details["clocks_after_timing"] = clocks(device)
+        cell.samples_ms = timing.samples_ms
+        first = prompt + graph_steps + timing.warmup_steps
+        cell.details.update(timing.details(),
+                            timed_steps_read=[first, first + len(timing.samples_ms) - 1])
+        if timing.energy is not None:
+            cell.details["energy"] = timing.energy
+        else:
+            cell.details["energy_note"] = note or NO_READING
         cell.summary = asdict(summarise(cell.samples_ms))
         cell.status = VALID
     except PathUnavailable as e:

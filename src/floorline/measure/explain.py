@@ -18,7 +18,7 @@ from collections import defaultdict
 
 from floorline.hardware import DeviceSpec
 from floorline.measure.cell import check_floor, fit_prompt
-from floorline.measure.timer import time_steps
+from floorline.measure.timer import StepPlan, run_plan
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, open_session, parse_path
 from floorline.paths.base import GRAPH_WARMUP_STEPS
@@ -104,24 +104,32 @@ def decompose(classes: dict[str, dict], events, steps: int, median_ms: float,
     }
 
 
-def decode_steps(steps: int, warmup: int) -> int:
-    """Steps run after the prompt: graph warm-up, warm-up, the timed steps and the profiled
-    ones."""
-    return GRAPH_WARMUP_STEPS + warmup + 2 * steps
+def step_plan(steps: int, warmup: int | None, ctx: int, limit: int | None) -> StepPlan:
+    """The timed steps' plan; an automatic warm-up's cap cut to the model's `limit` of positions
+    left after ctx, the timed steps and the profiled ones."""
+    plan = StepPlan(warmup, steps)
+    return plan if limit is None else plan.within(limit - ctx - GRAPH_WARMUP_STEPS - steps)
+
+
+def decode_steps(plan: StepPlan) -> int:
+    """Steps run after the prompt: graph warm-up, warm-up (automatic: at most its cap), the
+    timed steps and the profiled ones."""
+    return GRAPH_WARMUP_STEPS + plan.most_warmup + 2 * plan.most_steps
 
 
 def check_context(model_name: str, ctx: int, path: str, gpu: DeviceSpec, steps: int,
-                  warmup: int) -> None:
+                  warmup: int | None) -> None:
     """One line where the sweep would call this cell invalid: a context (with the steps run
     after it) above the model's positions, or a floor of impossible bytes."""
     model = resolve_model(model_name)
-    fit_prompt(ctx, decode_steps(steps, warmup), model.max_context)
+    fit_prompt(ctx, decode_steps(step_plan(steps, warmup, ctx, model.max_context)),
+               model.max_context)
     runtime = REGISTRY[parse_path(path).base]
     check_floor(floor(model, gpu, ctx, runtime.weight_format, runtime.kv_dtype))
 
 
 def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
-            steps: int = 16, warmup: int = 8, seed: int = 0) -> dict:
+            steps: int = 16, warmup: int | None = None, seed: int = 0) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -132,7 +140,8 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     *linears, head = count_parameters(model).matrix_shapes
     matrix_bytes = sum(fmt.linear_bytes(o, i) for o, i in linears) + fmt.head_bytes(*head)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    decode = decode_steps(steps, warmup)
+    plan = step_plan(steps, warmup, ctx, model.max_context)
+    decode = decode_steps(plan)
     prompt = fit_prompt(ctx, decode, model.max_context)
     # Kineto writes its own start and stop lines to stderr unless told otherwise.
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")
@@ -140,7 +149,8 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
         session = open_session(spec, model, device, prompt + decode, seed)
         try:
             session.prefill(prompt)
-            median = summarise(time_steps(session.step, device, steps, warmup)).median_ms
+            timing = run_plan(session.step, device, plan)
+            median = summarise(timing.samples_ms).median_ms
             with profile(activities=activities) as prof:
                 for _ in range(steps):
                     session.step()
@@ -154,7 +164,8 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     classes = by_class(events, steps, {"matrix-vector": matrix_bytes, "attention": f.kv_bytes})
     return {
         "model": model.name, "ctx": ctx, "path": spec.name, "gpu": gpu.name, "device": device,
-        "steps": steps, "kernels_per_step": len(events) / steps,
+        "steps": steps, "warmup_steps": timing.warmup_steps, "steady": timing.steady,
+        "kernels_per_step": len(events) / steps,
         "decomposition": decompose(classes, events, steps, median, f.floor_ms),
         "classes": classes,
     }

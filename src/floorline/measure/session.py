@@ -13,6 +13,8 @@ import sys
 from dataclasses import asdict, dataclass
 
 from floorline.errors import one_line
+from floorline.measure.timer import StepPlan
+from floorline.paths.base import GRAPH_WARMUP_STEPS
 
 RESULT_TAG = "floorline-session-result "
 
@@ -25,7 +27,7 @@ class Job:
     device: str
     steps: int  # timed steps per arm
     block: int  # steps per block when two arms alternate
-    warmup: int
+    warmup: int | None  # per arm; None: until steady (measure.timer)
     seed: int  # this session's: picks the first arm; weights and tokens use `weights_seed`
     weights_seed: int = 0
     trust_remote_code: bool = False
@@ -46,21 +48,34 @@ def block_order(first: int, rounds: int) -> list[int]:
     return [first, second, second, first] * rounds
 
 
-def decode_steps(job: Job) -> int:
+def arm_plan(job: Job, limit: int | None) -> StepPlan:
+    """Each arm's warm-up; an automatic one's cap cut so that both arms' fit in the model's
+    `limit` of positions after ctx and the timed blocks."""
+    plan = StepPlan(job.warmup, 0)
+    if limit is None:
+        return plan
+    return plan.within((limit - job.ctx - GRAPH_WARMUP_STEPS - timed_steps(job)) // 2)
+
+
+def timed_steps(job: Job) -> int:
+    """Every block of the timed rounds, both arms'."""
+    return 4 * -(-job.steps // (2 * job.block)) * job.block
+
+
+def decode_steps(job: Job, limit: int | None) -> int:
     """Steps the session runs after its prompt: graph warm-up, each arm's warm-up and every
     block of the timed rounds."""
-    from floorline.paths.base import GRAPH_WARMUP_STEPS
-
-    rounds = -(-job.steps // (2 * job.block))
-    return GRAPH_WARMUP_STEPS + 2 * job.warmup + 4 * rounds * job.block
+    return GRAPH_WARMUP_STEPS + 2 * arm_plan(job, limit).most_warmup + timed_steps(job)
 
 
 def run_job(job: Job) -> dict:
-    """Runs inside the fresh process: samples per arm, and which arm went first."""
+    """Runs inside the fresh process: samples per arm, warm-up steps and energy per arm (None
+    where not measured, with the reason), and which arm went first."""
     import torch
 
     from floorline.measure.cell import fit_prompt
-    from floorline.measure.timer import time_steps
+    from floorline.measure.energy import NO_READING, open_meter
+    from floorline.measure.timer import run_plan, time_steps, timed_batch, warm_up
     from floorline.models import resolve_model
     from floorline.paths import GraphedSession, open_session, parse_path
     from floorline.paths.base import PathSpec
@@ -68,27 +83,36 @@ def run_job(job: Job) -> dict:
     model = resolve_model(job.model, job.trust_remote_code)
     specs = [parse_path(a) for a in job.arms]
     rounds = -(-job.steps // (2 * job.block))
-    decode = decode_steps(job)
+    decode = decode_steps(job, model.max_context)
     prompt = fit_prompt(job.ctx, decode, model.max_context)
+    plan = StepPlan(job.warmup, job.steps, warmup_cap=arm_plan(job, model.max_context).warmup_cap)
     with torch.no_grad():
         base = PathSpec(specs[0].base, specs[0].compile)
         inner = open_session(base, model, job.device, prompt + decode, job.weights_seed)
         graphed = GraphedSession(inner) if any(s.graphs for s in specs) else None
         (graphed or inner).prefill(prompt)
         steps = [graphed.step if s.graphs else inner.step for s in specs]
+        meters, note = zip(*[open_meter(job.device) for _ in steps])
         if len(steps) == 1:
-            samples = [time_steps(steps[0], job.device, job.steps, job.warmup)]
+            timing = run_plan(steps[0], job.device, plan, meters[0])
+            samples, warmups, energy = [timing.samples_ms], [timing.warmup_steps], [timing.energy]
             first = 0
         else:
             first = random.Random(job.seed).randrange(2)
-            samples = [[], []]
+            samples, warmups = [[], []], [0, 0]
             for arm in (first, 1 - first):
-                time_steps(steps[arm], job.device, 0, job.warmup)
+                if job.warmup is None:
+                    warmups[arm] = warm_up(steps[arm], job.device, plan.warmup_cap)[0]
+                else:
+                    time_steps(steps[arm], job.device, 0, job.warmup)
+                    warmups[arm] = job.warmup
             for arm in block_order(first, rounds):
-                samples[arm] += time_steps(steps[arm], job.device, job.block, 0)
+                samples[arm] += timed_batch(steps[arm], job.device, job.block, meters[arm])
+            energy = [m.result(len(s)) if m else None for m, s in zip(meters, samples)]
             samples = [s[: job.steps] for s in samples]
         (graphed or inner).close()
-    return {"first_arm": job.arms[first], "samples_ms": samples}
+    return {"first_arm": job.arms[first], "samples_ms": samples, "warmup_steps": warmups,
+            "energy": energy, "energy_note": (note[0] or NO_READING) if None in energy else None}
 
 
 def run_fresh(job: Job, worker: list[str] | None = None, timeout_s: float = 1800) -> dict:

@@ -24,7 +24,7 @@ class Grid:
     contexts: tuple[int, ...]
     paths: tuple[str, ...]
 
-    def cells(self, steps: int, warmup: int) -> list[CellKey]:
+    def cells(self, steps: int | str, warmup: int | str) -> list[CellKey]:
         return [CellKey(m, c, p, steps, warmup)
                 for m, c, p in product(self.models, self.contexts, self.paths)]
 

@@ -24,6 +24,8 @@ FIGURES = (
     ("quantised", "Quantised paths against their own floor and their 16-bit reference", "cells",
      figures.quantised),
     ("decomposition", "Where each millisecond of a step goes", "explanations", figures.decomposition),
+    ("energy", "Energy per token against time per token, per path", "cells",
+     figures.energy_vs_time),
 )
 
 SOURCE_NAMES = {"runs": "cells", "cells": "cells", "ab": "A/B experiments", "explanations": "explanations"}

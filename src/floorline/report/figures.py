@@ -190,3 +190,34 @@ def decomposition(explanations):
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig, [e["id"] for e in explanations], None
+
+
+NO_ENERGY = ("No cell here has its energy per token: `floorline sweep` measures it on an NVIDIA "
+             "GPU whose driver reports energy or power (NVML); a CPU's cells are not metered.")
+
+
+def energy_vs_time(cells):
+    """Joules per token against ms per token (batch 1: one token a step), per path; log axes,
+    since both span the paths' tenfold range."""
+    cells = [c for c in _valid(cells) if c["details"].get("energy")]
+    if not cells:
+        return None, [], NO_ENERGY
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for path in sorted({c["path"] for c in cells}):
+        pts = [c for c in cells if c["path"] == path]
+        ax.scatter([c["median_ms"] for c in pts],
+                   [c["details"]["energy"]["joules_per_token"] for c in pts], label=path, alpha=0.8)
+        for c in pts:
+            ax.annotate(f"{c['model']} ctx {c['ctx']}", (c["median_ms"],
+                        c["details"]["energy"]["joules_per_token"]), textcoords="offset points",
+                        xytext=(4, 4), fontsize=7)
+    ax.set(xscale="log", yscale="log", xlim=_log_range([c["median_ms"] for c in cells]),
+           ylim=_log_range([c["details"]["energy"]["joules_per_token"] for c in cells]),
+           xlabel="ms/token (median of the timed steps)",
+           ylabel="J/token (GPU energy over the timed steps)",
+           title="Energy per token against time per token")
+    plain(ax.xaxis)
+    plain(ax.yaxis)
+    ax.legend(fontsize=7)
+    return fig, [c["id"] for c in cells], None
+

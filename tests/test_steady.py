@@ -1,0 +1,180 @@
+"""Steady state before timing and `--steps auto`, on synthetic steps whose durations a fake
+clock sets, so that every count below follows from arithmetic."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import binom
+
+from conftest import run_cli
+from floorline.measure import timer
+from floorline.measure.timer import StepPlan, drift, run_plan
+from floorline.stats import median_interval
+
+
+class FakeClock:
+    """perf_counter for the timer: each call of step() advances it by the next duration."""
+
+    def __init__(self, duration_ms):
+        self.now, self.k, self.duration_ms = 0.0, 0, duration_ms
+
+    def perf_counter(self):
+        return self.now
+
+    def step(self):
+        self.now += self.duration_ms(self.k) / 1e3
+        self.k += 1
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    def make(duration_ms):
+        c = FakeClock(duration_ms)
+        monkeypatch.setattr(timer, "time", c)
+        return c
+    return make
+
+
+def test_a_slow_start_is_warmed_through(clock):
+    # 1 ms steps, the first ones slower by e^(-k/20): the excess is under the 1% tolerance
+    # from step 93 (20 ln 100 = 92.1) on, and windows compared by their medians see it within
+    # three windows of that.
+    c = clock(lambda k: 1.0 + math.exp(-k / 20))
+    t = run_plan(c.step, "cpu", StepPlan(None, 64))
+    assert t.steady and 93 <= t.warmup_steps <= 93 + 3 * timer.WINDOW
+    assert t.drift == pytest.approx(1.0, abs=0.005)
+    # The same 64 steps without warm-up drift by the slow start: the medians of steps 48-63
+    # and 0-15 are the means of steps 55 and 56, and of 7 and 8.
+    c2 = clock(lambda k: 1.0 + math.exp(-k / 20))
+    cold = run_plan(c2.step, "cpu", StepPlan(0, 64))
+    expected = ((1 + (math.exp(-55 / 20) + math.exp(-56 / 20)) / 2)
+                / (1 + (math.exp(-7 / 20) + math.exp(-8 / 20)) / 2))
+    assert cold.warmup_steps == 0 and cold.drift == pytest.approx(expected)
+
+
+def test_a_plateau_of_slow_steps_is_warmed_through(clock):
+    # 11% slower for the first 30 steps, then steady: the first window's median is slow, the
+    # second is not, the third agrees with the second.
+    c = clock(lambda k: 1.11 if k < 30 else 1.0)
+    t = run_plan(c.step, "cpu", StepPlan(None, 64))
+    assert t.steady and t.warmup_steps == 3 * timer.WINDOW
+    assert t.samples_ms == pytest.approx([1.0] * 64) and t.drift == pytest.approx(1.0)
+
+
+def test_a_steady_step_stops_after_two_windows(clock):
+    c = clock(lambda k: 2.0 + 0.001 * (k % 3))
+    t = run_plan(c.step, "cpu", StepPlan(None, 16))
+    assert t.steady and t.warmup_steps == 2 * timer.WINDOW < timer.WARMUP_CAP
+    assert c.k == 2 * timer.WINDOW + 16
+
+
+def test_a_step_that_never_settles_stops_at_the_cap(clock):
+    c = clock(lambda k: 1.0 * 1.05 ** (k // timer.WINDOW))  # 5% slower every window
+    t = run_plan(c.step, "cpu", StepPlan(None, 8, warmup_cap=160))  # 160 steps: under 1 s
+    assert t.steady is False and t.warmup_steps == 160
+    assert t.details()["steady"] is False
+
+
+def test_a_slow_unsettled_step_stops_at_the_time_cap(clock):
+    # 48 ms steps, 5% slower every window: three windows take under the 5 s cap, the fourth
+    # passes it.
+    c = clock(lambda k: 48.0 * 1.05 ** (k // timer.WINDOW))
+    spent = sum(32 * 48.0 * 1.05 ** w for w in range(3))
+    assert spent < timer.WARMUP_MAX_S * 1e3 < spent + 32 * 48.0 * 1.05 ** 3
+    t = run_plan(c.step, "cpu", StepPlan(None, 4))
+    assert t.steady is False and t.warmup_steps == 4 * timer.WINDOW
+
+
+def test_a_fixed_warmup_runs_exactly_that_many(clock):
+    c = clock(lambda k: 1.0)
+    t = run_plan(c.step, "cpu", StepPlan(5, 7))
+    assert (t.warmup_steps, len(t.samples_ms), c.k, t.steady) == (5, 7, 12, None)
+
+
+def order_statistic_width(x) -> float:
+    """The distribution-free 95% interval of the median (binomial ranks), relative width."""
+    x, n = np.sort(x), len(x)
+    j = int(binom.ppf(0.025, n, 0.5))  # ranks j+1 .. n-j hold the median with >= 95%
+    return (x[n - j - 1] - x[j]) / np.median(x)
+
+
+@pytest.mark.parametrize("rel_width", [0.01, 0.004])
+def test_steps_auto_stops_at_the_width_asked(clock, rel_width):
+    noise = np.random.default_rng(7).normal(0, 0.02, 10_000)
+    c = clock(lambda k: 1.0 + noise[k])
+    t = run_plan(c.step, "cpu", StepPlan(0, None, rel_width))
+    n = len(t.samples_ms)
+    assert t.width_reached and n < timer.STEPS_CAP
+    low, high = t.median_ci_ms
+    assert (high - low) / np.median(t.samples_ms) <= rel_width
+    # Independently: the order-statistic interval is about as wide as asked (a batch adds a
+    # quarter more steps, narrowing it by about a tenth; the rest is the sample's own luck).
+    assert 0.6 * rel_width <= order_statistic_width(t.samples_ms) <= 1.1 * rel_width
+    # The rule was checked after every batch: a batch before the stop it was still too wide.
+    sizes = [timer.FIRST_STEPS]
+    while sizes[-1] < n:
+        sizes.append(sizes[-1] + max(timer.FIRST_STEPS // 2, sizes[-1] // 4))
+    assert sizes[-1] == n
+    iv = median_interval(t.samples_ms[:sizes[-2]])
+    assert iv.high - iv.low > rel_width * iv.estimate
+    # Normal noise of sd 2%: the median's interval is 2 x 1.96 x 1.2533 x 0.02 / sqrt(n) wide.
+    expected_n = (2 * 1.96 * 1.2533 * 0.02 / rel_width) ** 2
+    assert 0.4 * expected_n <= n <= 1.7 * expected_n
+
+
+def test_steps_auto_stops_at_its_cap(clock):
+    noise = np.random.default_rng(3).normal(0, 0.05, 1000)
+    c = clock(lambda k: 1.0 + noise[k])
+    t = run_plan(c.step, "cpu", StepPlan(0, None, 0.001, steps_cap=200))
+    assert len(t.samples_ms) == 200 and t.width_reached is False
+
+
+def test_steps_auto_on_identical_steps_stops_at_the_first_batch(clock):
+    c = clock(lambda k: 3.0)
+    t = run_plan(c.step, "cpu", StepPlan(0, None))
+    assert len(t.samples_ms) == timer.FIRST_STEPS and t.median_ci_ms == pytest.approx((3.0, 3.0))
+
+
+def test_drift_is_last_quarter_over_first():
+    assert drift([1.0] * 4 + [5.0] * 8 + [1.1] * 4) == pytest.approx(1.1)
+    assert drift([1.0, 2.0, 3.0]) is None
+
+
+def test_plan_caps_shrink_to_the_positions_left():
+    plan = StepPlan(None, None).within(1000)
+    assert plan.most_warmup + plan.most_steps <= 1000
+    assert plan.warmup_cap == int(512 * 1000 / (512 + 2048))
+    plan = StepPlan(100, None).within(600)
+    assert (plan.most_warmup, plan.most_steps) == (100, 500)
+    assert StepPlan(None, 16).within(0).warmup_cap == 2 * timer.WINDOW
+    assert StepPlan(8, 64).within(10) == StepPlan(8, 64)  # fixed counts are never cut
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--warmup", "soon"), "--warmup must be 'auto' or a whole number of steps, got 'soon'"),
+    (("--warmup", "-1"), "--warmup must be 'auto' or from 0 to"),
+    (("--steps", "0"), "--steps must be 'auto' or from 1 to"),
+    (("--steps", "many"), "--steps must be 'auto' or a whole number of steps, got 'many'"),
+    (("--steps", "auto", "--rel-width", "0"), "--rel-width must be above 0 and below 1"),
+    (("--steps", "auto", "--rel-width", "1.5"), "--rel-width must be above 0 and below 1"),
+    (("--steps", "auto", "--rel-width", "nan"), "--rel-width must be above 0 and below 1"),
+    (("--steps", "64", "--rel-width", "0.01"), "--rel-width applies only with --steps auto"),
+])
+def test_bad_step_options_are_one_line(tmp_path, args, message):
+    proc = run_cli("sweep", "--db", tmp_path / "r.db", "--models", "tiny-llama", "--ctx", "16",
+                   "--gpu", "l4", *args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "r.db").exists()
+
+
+@pytest.mark.parametrize("command", [
+    ("ab", "--a", "hf-eager", "--b", "hf-static"),
+    ("explain", "--path", "hf-eager"),
+])
+def test_bad_warmup_of_ab_and_explain_is_one_line(tmp_path, command):
+    proc = run_cli(*command, "--model", "tiny-llama", "--ctx", "16", "--warmup", "x",
+                   "--db", tmp_path / "r.db", "--gpu", "l4")
+    assert proc.returncode == 2 and "--warmup must be 'auto'" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
