@@ -24,6 +24,7 @@ from floorline.engine.model import DecoderConfig
 from floorline.engine.quant import quantize
 from floorline.engine.runtime import Engine
 from floorline.engine.weights import from_named
+from floorline.models import cache_keyword
 
 
 @dataclass
@@ -140,8 +141,8 @@ def compare_with_transformers(spec, device: str, dtype: torch.dtype, *, prompt_l
 
     def hf_logits(model, tokens, start):
         positions = torch.arange(start, start + tokens.shape[1], device=device)
-        out = model(input_ids=tokens, past_key_values=caches[id(model)], use_cache=True,
-                    cache_position=positions, position_ids=positions[None])
+        out = model(input_ids=tokens, **{cache_keyword(model): caches[id(model)]},
+                    use_cache=True, cache_position=positions, position_ids=positions[None])
         return out.logits[0, -1].float()
 
     with torch.no_grad():

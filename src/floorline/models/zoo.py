@@ -252,3 +252,12 @@ def build_model(spec: ModelSpec, device: str, dtype, seed: int = 0):
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(spec.config, **common)
     return model.eval().requires_grad_(False)
+
+
+def cache_keyword(model) -> str:
+    """The name a transformers model's forward() takes the cache by: `cache` in newer
+    transformers, which deprecate `past_key_values` (removed in 5.40); older ones know only
+    `past_key_values`."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

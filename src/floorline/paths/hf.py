@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import gc
 
+from floorline.models import cache_keyword
 from floorline.paths.base import Path, Session
 from floorline.traffic import kv_layout
-
-
-def cache_keyword(model) -> str:
-    """The name forward() takes the cache by: `cache` in newer transformers, which deprecate
-    `past_key_values` (removed in 5.40); older ones know only `past_key_values`."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class HFSession(Session):
