@@ -147,6 +147,7 @@ def test_int4_gemv_refuses_a_block_that_splits_a_group():
 from floorline.engine import Engine  # noqa: E402
 from floorline.engine.check import compare_with_transformers  # noqa: E402
 from floorline.errors import FloorlineError  # noqa: E402
+from floorline.models import cache_keyword  # noqa: E402
 from floorline.models import build_model, resolve_model  # noqa: E402
 
 
@@ -241,7 +242,8 @@ def _teacher_forced_errors(engine, hf, tokens):
             engine.token.copy_(t.view(1))
             engine.step()
             mine.append(engine.logits.clone())
-        theirs = hf(input_ids=tokens[None], past_key_values=cache, use_cache=True).logits[0, 7:]
+        theirs = hf(input_ids=tokens[None], **{cache_keyword(hf): cache},
+                    use_cache=True).logits[0, 7:]
     return [relative_error(m, t) for m, t in zip(mine, theirs)]
 
 
