@@ -2,7 +2,10 @@
 one CUDA graph), and float32 greedy agreement on small configs. --quantised runs the int4 and
 fp8 cases instead: transformers on the dequantised weights, the quantisation error beside it.
 
-    python bench/engine_check.py [--quantised] [--models a,b] [--json out.json]
+    python bench/engine_check.py [--quantised] [--models a,b] [--prompt N] [--json out.json]
+
+--prompt sets every chosen case's prompt length (a long context: --models llama-3.1-8b
+--prompt 32704 checks the 64 positions after a 32k prompt).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--models", help="comma-separated subset of the cases")
     parser.add_argument("--quantised", action="store_true", help="the int4 and fp8 cases")
+    parser.add_argument("--prompt", type=int, help="prompt length of every chosen case")
     args = parser.parse_args()
     wanted = set(args.models.split(",")) if args.models else None
     results = []
@@ -47,6 +51,7 @@ def main() -> None:
         if wanted and name not in wanted:
             continue
         t0 = time.time()
+        prompt = args.prompt or prompt
         r = compare_with_transformers(resolve_model(name), "cuda", dtype, prompt_len=prompt,
                                       steps=steps, weights=weights, head=head).summary()
         r["seconds"] = round(time.time() - t0, 1)
@@ -56,7 +61,7 @@ def main() -> None:
         if "quant_vs_16bit_median" in r:
             extra += (f" | vs 16-bit weights: {r['quant_vs_16bit_median']:.2e}, argmax agree "
                       f"{r['quant_argmax_agree']}/{r['positions']}")
-        print(f"{name:18} {r['dtype']:9} {weights}/{head} positions {r['positions']:3} rel err median "
+        print(f"{name:18} {r['dtype']:9} {weights}/{head} prompt {prompt} positions {r['positions']:3} rel err median "
               f"{r['median_rel_err']:.2e} max {r['max_rel_err']:.2e} argmax agree "
               f"{r['argmax_agree']}/{r['positions']}{extra} ({r['seconds']} s)", flush=True)
         torch.cuda.empty_cache()

@@ -114,24 +114,29 @@ def attention_rows(c: DecoderConfig, contexts: list[int], kv: str = "bf16") -> l
         pos = torch.tensor([ctx - 1], dtype=torch.int32, device="cuda")
         cos = torch.randn(capacity, c.head_dim // 2, device="cuda")
         chosen = attention_splits(c.kv_heads, "cuda")
-        variants = [(chosen, ATTENTION_BLOCK_T)] + [
-            (attention_splits(c.kv_heads, "cuda", per_sm), block_t)
-            for per_sm in (1, 2, 4, 8) for block_t in (32, 64, 128)]
-        for splits, block_t in dict.fromkeys(variants):
+        variants = [(chosen, ATTENTION_BLOCK_T[kv], True, 4)] + [
+            (attention_splits(c.kv_heads, "cuda", per_sm), block_t, f16, warps)
+            for per_sm in (1, 2, 4) for block_t in (64, 128, 256) for warps in (4, 8)
+            for f16 in ((True, False) if fp8 else (True,))
+            if block_t < 256 or fp8 and warps == 8]  # 16-bit or 4 warps: too large a tile
+        for splits, block_t, f16, warps in dict.fromkeys(variants):
             scratch = attention_scratch(c.heads, c.head_dim, splits, "cuda")
 
             def run():
                 for (k, ks), (v, vs) in caches:
                     decode_attention(qkv, k, v, cos, cos, pos, out, scale=c.head_dim ** -0.5,
                                      window=None, scratch=scratch, block_t=block_t,
-                                     scales=(ks, vs) if fp8 else None)
+                                     scales=(ks, vs) if fp8 else None, f16_dots=f16,
+                                     num_warps=warps)
 
             t = time_graph(run) / copies
-            engine = splits == chosen and block_t == ATTENTION_BLOCK_T
+            engine = (splits, block_t, f16, warps) == variants[0]
             rows.append(dict(kernel=f"attention+rope ctx {ctx}" + (" fp8 KV" if fp8 else "")
                              + (" (engine)" if engine else ""),
                              shape=f"{c.kv_heads} kv heads x {ctx}", MB=nbytes / 1e6, us=t,
-                             gbps=nbytes / t / 1e3, config=f"splits={splits} block_t={block_t}"))
+                             gbps=nbytes / t / 1e3,
+                             config=f"splits={splits} block_t={block_t} warps={warps}"
+                             + (f" dots={'fp16' if f16 else 'tf32'}" if fp8 else "")))
     return rows
 
 

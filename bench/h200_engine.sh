@@ -17,7 +17,9 @@
 #   bash bench/h200_engine.sh kvfp8     the fp8 KV cache beside the 16-bit one (one call, about 8 minutes):
 #                                       decode cells at ctx 32768-131072 (PATHS adds e.g. engine-fp8-kvfp8),
 #                                       then the logits' difference at ctx 2048, 32768, 131072
-#   bash bench/h200_engine.sh kvfp8-kernels   split-KV attention on an fp8 cache, per split and block size
+#   bash bench/h200_engine.sh kvfp8-kernels   split-KV attention on an fp8 cache, per split, block size,
+#                                       warps and product precision
+#   bash bench/h200_engine.sh check-32k the bf16 engine against transformers after a 32k prompt (Llama-3.1-8B)
 #   bash bench/h200_engine.sh energy    J/token of the engine and stock paths (Qwen2.5-7B, ctx 2048), and
 #                                       the engine's ctx 16384 cells warmed up until steady, with their
 #                                       drift; its own database (about 8 minutes)
@@ -67,9 +69,14 @@ case ${1:?stage} in
     python3 bench/engine_kv_error.py --model llama-3.1-8b --ctx 2048,32768,131072 \
       --json "$DEST/h200_engine_kv_error.json" || echo "stage failed"
     DB=$KVDB ;;
+  check-32k)
+    python3 bench/engine_check.py --models llama-3.1-8b --prompt 32704 \
+      --json "$DEST/h200_engine_check_32k.json" ;;
   kvfp8-kernels)
     python3 bench/engine_kernels.py --model llama-3.1-8b --ctx 32768,131072 --kv fp8 \
-      --json "$DEST/h200_engine_kernels_llama-3.1-8b_kvfp8.json" ;;
+      --json "$DEST/h200_engine_kernels_llama-3.1-8b_kvfp8.json"
+    python3 bench/engine_kernels.py --model qwen2.5-7b --ctx 32768 --kv fp8 \
+      --json "$DEST/h200_engine_kernels_qwen2.5-7b_kvfp8.json" ;;
   energy)
     # 512 timed steps: over a second even on the fastest path, so that the energy counter
     # advances many times; the warm-up is the default, until steady.

@@ -50,6 +50,16 @@ def test_sliding_window_past_the_window():
     assert max(result.errors) < 1e-5
 
 
+def test_the_comparison_gives_transformers_a_long_prompt_in_pieces(monkeypatch):
+    from floorline.engine import check
+
+    monkeypatch.setattr(check, "HF_CHUNK", 5)  # 16 prompt tokens: pieces of 5, 5, 5 and 1
+    result = compare_with_transformers(resolve_model("tiny-llama"), "cpu", torch.float32,
+                                       prompt_len=16, steps=4)
+    assert result.argmax_agree == result.positions == 5
+    assert max(result.errors) < 1e-5
+
+
 def test_bf16_logits_stay_in_transformers_own_band():
     result = compare_with_transformers(resolve_model("tiny-qwen2"), "cpu", torch.bfloat16,
                                        prompt_len=8, steps=8)

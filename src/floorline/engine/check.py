@@ -105,6 +105,9 @@ def quantise_in_place(hf, reference, weights: str, head: str, group_size: int) -
     return made
 
 
+HF_CHUNK = 2048  # prompt tokens per transformers forward in the comparison
+
+
 def compare_with_transformers(spec, device: str, dtype: torch.dtype, *, prompt_len: int = 16,
                               steps: int = 64, seed: int = 0, backend: str | None = None,
                               graph: bool | None = None, weights: str = "bf16",
@@ -140,9 +143,14 @@ def compare_with_transformers(spec, device: str, dtype: torch.dtype, *, prompt_l
               if m is not None}
 
     def hf_logits(model, tokens, start):
-        positions = torch.arange(start, start + tokens.shape[1], device=device)
-        out = model(input_ids=tokens, **{cache_keyword(model): caches[id(model)]},
-                    use_cache=True, cache_position=positions, position_ids=positions[None])
+        # a long prompt in pieces: attention with a mask can take transformers' math path,
+        # whose scores for a whole 32k prompt would not fit on the GPU
+        for at in range(0, tokens.shape[1], HF_CHUNK):
+            piece = tokens[:, at:at + HF_CHUNK]
+            positions = torch.arange(start + at, start + at + piece.shape[1], device=device)
+            out = model(input_ids=piece, **{cache_keyword(model): caches[id(model)]},
+                        use_cache=True, cache_position=positions, position_ids=positions[None],
+                        logits_to_keep=1)
         return out.logits[0, -1].float()
 
     with torch.no_grad():

@@ -20,7 +20,10 @@ An fp8 cache (floorline.engine.kvcache) holds e4m3 values and one fp32 scale per
 head: the writing program quantises the new k and v (s = max|x| / 448), and the loop reads each
 block's fp8 K and V tiles and its BLOCK_T scales once, folding them where they cost least: the
 K scales multiply the block's scores, the V scales its probabilities before the product with V,
-so no dequantised tile is formed beyond the conversion of the fp8 values (exact in tf32).
+so no dequantised tile is formed. With a 16-bit model the products then run in fp16 (F16_DOTS):
+e4m3 values are exact in fp16 and convert two per instruction, and the query, scaled by a power
+of two into [-1, 1], is exact there too; widening the tiles to fp32 for tf32 products cost more
+than the halved bytes saved (measured on the H200: bench/engine_kernels.py --kv fp8).
 """
 
 from __future__ import annotations
@@ -80,7 +83,8 @@ def _attention_split_kernel(qkv_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, cos_ptr, sin_
                             HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                             D: tl.constexpr, BLOCK_T: tl.constexpr, SPLITS: tl.constexpr,
                             WINDOWED: tl.constexpr, KV_FP8: tl.constexpr,
-                            PRECISION: tl.constexpr, PDL: tl.constexpr):
+                            F16_DOTS: tl.constexpr, PRECISION: tl.constexpr,
+                            PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_wait()
     kv_head = tl.program_id(0)
@@ -115,6 +119,13 @@ def _attention_split_kernel(qkv_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, cos_ptr, sin_
             tl.store(ks_ptr + scale_base + pos + one, k_s)
             tl.store(vs_ptr + scale_base + pos + one, v_s)
     s_new = tl.sum(q * k_stored, axis=1) * scale
+    if F16_DOTS:
+        # q times a power of two that brings each row within [-1, 1]: exact, and then exact in
+        # fp16 (a 16-bit value's mantissa fits) but for parts below 2^-14 of the row's largest
+        q_exp = ((tl.max(tl.abs(q), axis=1).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 126
+        q = q * ((127 - q_exp) << 23).to(tl.float32, bitcast=True)[:, None]
+        q_unscale = ((127 + q_exp) << 23).to(tl.float32, bitcast=True) * scale
+        q = q.to(tl.float16)
     m_i = tl.where(owner, s_new, float("-inf"))
     l_i = tl.where(owner, 1.0, 0.0) + tl.zeros((G_PAD,), tl.float32)
     acc = tl.where(owner, 1.0, 0.0) * v_stored + tl.zeros((G_PAD, D), tl.float32)
@@ -129,14 +140,16 @@ def _attention_split_kernel(qkv_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, cos_ptr, sin_
         t = t0 + tl.arange(0, BLOCK_T)
         t_ok = t < end
         offs = base + t[:, None] * D + d[None, :]
-        k = tl.load(k_ptr + offs, mask=t_ok[:, None], other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + offs, mask=t_ok[:, None], other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        if KV_FP8:
-            k_scales = tl.load(ks_ptr + scale_base + t, mask=t_ok, other=0.0)
-            s = s * (k_scales * scale)[None, :]
+        k = tl.load(k_ptr + offs, mask=t_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + offs, mask=t_ok[:, None], other=0.0)
+        if F16_DOTS:
+            k, v = k.to(tl.float16), v.to(tl.float16)
+            s = tl.dot(q, tl.trans(k)) * q_unscale[:, None]
         else:
-            s = s * scale
+            k, v = k.to(tl.float32), v.to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        if KV_FP8:
+            s = s * tl.load(ks_ptr + scale_base + t, mask=t_ok, other=0.0)[None, :]
         s = tl.where(t_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
@@ -144,7 +157,10 @@ def _attention_split_kernel(qkv_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, cos_ptr, sin_
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if KV_FP8:
             p = p * tl.load(vs_ptr + scale_base + t, mask=t_ok, other=0.0)[None, :]
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+        if F16_DOTS:
+            acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
         m_i = m_new
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -184,7 +200,8 @@ def attention_scratch(n_heads: int, head_dim: int, splits: int, device) -> tuple
 
 
 def decode_attention(qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,
-                     window: int | None, scratch, block_t: int = 64, scales=None) -> None:
+                     window: int | None, scratch, block_t: int = 64, scales=None,
+                     f16_dots: bool = True, num_warps: int = 4) -> None:
     """Rotate the new q and k at `pos`, write k and v to the cache there, and
     out[h] = softmax(q_h K^T * scale) V over the live span (the new token included).
     An fp8 cache comes with `scales`, its (K scales, V scales) [kv heads, capacity]."""
@@ -200,7 +217,8 @@ def decode_attention(qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,
         window or 0, HQ=n_heads, HKV=n_kv_heads, G=group,
         G_PAD=max(16, triton.next_power_of_2(group)), D=head_dim, BLOCK_T=block_t,
         SPLITS=splits, WINDOWED=window is not None, KV_FP8=fp8,
-        PRECISION=_precision(qkv.dtype), num_warps=4, **pdl_options(qkv))
+        F16_DOTS=fp8 and f16_dots and qkv.dtype != torch.float32,
+        PRECISION=_precision(qkv.dtype), num_warps=num_warps, **pdl_options(qkv))
     _attention_combine_kernel[(n_heads,)](part, stats, out, SPLITS=splits, D=head_dim,
                                           num_warps=8 if splits >= 128 else 4,
                                           **pdl_options(qkv))
