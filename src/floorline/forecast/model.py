@@ -69,9 +69,13 @@ def attention_fraction(cal: Calibration, fam: str) -> Term:
             continue
         xs = [_cell_attention(c) for c in group]
         ys = [c["ms"] * _peak(c["gpu"]) for c in group]  # bytes at peak in the step's time
-        mx, my = statistics.fmean(xs), statistics.fmean(ys)
-        sxy += sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-        sxx += sum((x - mx) ** 2 for x in xs)
+        # weighted by 1 / y^2, so that each cell counts by its relative error: a 131k-token
+        # cell would otherwise set the slope for the short contexts alone
+        ws = [1 / y ** 2 for y in ys]
+        mx = sum(w * x for w, x in zip(ws, xs)) / sum(ws)
+        my = sum(w * y for w, y in zip(ws, ys)) / sum(ws)
+        sxy += sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys))
+        sxx += sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
         used += group
     if used and sxy > 0:
         return Term("attention's fraction of peak", sxx / sxy, "",
