@@ -19,7 +19,7 @@ from floorline.engine.check import relative_error
 from floorline.engine.kernels.attention import attention_scratch, decode_attention
 from floorline.engine.kernels.gemv import gemv_reference
 from floorline.engine.kvcache import KV_FORMATS, quantise
-from floorline.engine.model import ATTENTION_BLOCK_T, DecoderConfig, attention_splits
+from floorline.engine.model import DecoderConfig, attention_block_t, attention_splits
 from floorline.engine.ops import TritonOps
 from floorline.engine.quant import FORMATS, HEAD_FORMATS, format_of, quantize
 from floorline.engine.quant import nbytes as weight_nbytes
@@ -112,9 +112,14 @@ def attention_rows(c: DecoderConfig, contexts: list[int], kv: str = "bf16") -> l
         qkv = torch.randn(c.qkv_rows, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(c.heads * c.head_dim, device="cuda", dtype=torch.bfloat16)
         pos = torch.tensor([ctx - 1], dtype=torch.int32, device="cuda")
-        cos = torch.randn(capacity, c.head_dim // 2, device="cuda")
-        chosen = attention_splits(c.kv_heads, "cuda")
-        variants = [(chosen, ATTENTION_BLOCK_T)] + [
+        rotary = c.rotary or c.head_dim
+        cos = torch.randn(capacity, rotary // 2, device="cuda")
+        # the model's own variant: q/k norms (Qwen3, Gemma 3), partial rotary (Phi-3)
+        norms = (dict(q_norm=torch.ones(c.head_dim, device="cuda"),
+                      k_norm=torch.ones(c.head_dim, device="cuda"), eps=c.eps)
+                 if c.qk_norm else {})
+        chosen, own_block_t = attention_splits(c.kv_heads, "cuda"), attention_block_t(c.head_dim)
+        variants = [(chosen, own_block_t)] + [
             (attention_splits(c.kv_heads, "cuda", per_sm), block_t)
             for per_sm in (1, 2, 4, 8) for block_t in (32, 64, 128)]
         for splits, block_t in dict.fromkeys(variants):
@@ -124,10 +129,10 @@ def attention_rows(c: DecoderConfig, contexts: list[int], kv: str = "bf16") -> l
                 for (k, ks), (v, vs) in caches:
                     decode_attention(qkv, k, v, cos, cos, pos, out, scale=c.head_dim ** -0.5,
                                      window=None, scratch=scratch, block_t=block_t,
-                                     scales=(ks, vs) if fp8 else None)
+                                     scales=(ks, vs) if fp8 else None, rotary=rotary, **norms)
 
             t = time_graph(run) / copies
-            engine = splits == chosen and block_t == ATTENTION_BLOCK_T
+            engine = splits == chosen and block_t == own_block_t
             rows.append(dict(kernel=f"attention+rope ctx {ctx}" + (" fp8 KV" if fp8 else "")
                              + (" (engine)" if engine else ""),
                              shape=f"{c.kv_heads} kv heads x {ctx}", MB=nbytes / 1e6, us=t,
