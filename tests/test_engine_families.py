@@ -137,3 +137,48 @@ def test_what_the_engine_does_not_run_is_one_line(change, message):
     with pytest.raises(EngineUnsupported, match=message) as e:
         DecoderConfig.from_hf(_config_from_dict(dict(BASE, **change), "cfg"))
     assert "\n" not in str(e.value)
+
+
+def vision_language(text: dict) -> dict:
+    """A Gemma 3 vision-language config around a text config (a tiny SigLIP tower)."""
+    vocab = text["vocab_size"]
+    return dict(model_type="gemma3", text_config=text, mm_tokens_per_image=4,
+                boi_token_index=vocab - 3, eoi_token_index=vocab - 2, image_token_index=vocab - 1,
+                vision_config=dict(model_type="siglip_vision_model", hidden_size=32,
+                                   intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, image_size=28, patch_size=14))
+
+
+def test_a_vision_language_checkpoint_is_floored_by_its_language_model():
+    from floorline.traffic import count_parameters
+
+    text = dict(CONFIGS["gemma3"], vocab_size=259)
+    whole = ModelSpec("vl", _config_from_dict(vision_language(text), "vl"))
+    alone = ModelSpec("text", _config_from_dict(text, "text"))
+    assert count_parameters(whole) == count_parameters(alone)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "phi3-longrope"])
+def test_generate_runs_a_checkpoint_as_transformers_does(tmp_path, name):
+    # Gemma 3 as a vision-language checkpoint (its language model under language_model.*),
+    # Phi-3 with a LongRoPE original length of 8 that the prompt and the reply cross
+    from transformers import AutoModelForCausalLM
+
+    from floorline.engine.generate import generate
+    from tests.test_generate import EOS, PROMPT, WORDS, word_tokenizer
+
+    text = dict(CONFIGS[name], vocab_size=len(WORDS) + 3, eos_token_id=EOS, bos_token_id=None,
+                pad_token_id=0, initializer_range=0.1)
+    if name == "phi3-longrope":
+        text["original_max_position_embeddings"] = 8
+    data = vision_language(text) if name == "gemma3" else text
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(_config_from_dict(data, name)).float().save_pretrained(
+        tmp_path, safe_serialization=True)
+    word_tokenizer().save_pretrained(tmp_path)
+    result = generate(tmp_path, PROMPT, max_new_tokens=12, device="cpu", dtype="float32")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    ids = torch.tensor([result.prompt_ids])
+    theirs = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                            max_new_tokens=12, pad_token_id=EOS)[0, ids.shape[1]:].tolist()
+    assert result.ids == theirs[:len(result.ids)] and len(result.ids) >= 4

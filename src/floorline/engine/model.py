@@ -140,6 +140,13 @@ class DecoderConfig:
         return (self.heads + 2 * self.kv_heads) * self.head_dim
 
     @property
+    def long_rope_from(self) -> int | None:
+        """LongRoPE (Phi-3): the position from which the long factors apply; None without it."""
+        if self.rope.get("rope_type") != "longrope":
+            return None
+        return self.rope["original_max_position_embeddings"]
+
+    @property
     def embed_scale(self) -> float | None:
         """Gemma's scale on the embedding row, sqrt(hidden)."""
         return self.hidden ** 0.5 if self.gemma else None
@@ -203,7 +210,10 @@ def long_positions(rope: dict, positions: torch.Tensor, prompt: int | None = Non
     """Where LongRoPE's long factors apply. transformers picks one set per forward pass, the
     long one once the sequence is longer than the original length: a decode step at position
     p uses it from p = original on, and a prompt longer than the original uses it at every
-    position. None for the other types."""
+    position. (Generation in transformers, and Phi-3's own code, also recompute the cache at
+    the step that crosses the original length, so that every cached key turns with the long
+    factors: floorline.engine.generate does the same, by a prefill.) None for the other
+    types."""
     if rope.get("rope_type") != "longrope":
         return None
     original = rope["original_max_position_embeddings"]
