@@ -191,10 +191,10 @@ def _load_groups(w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, word_base, met
 @triton.jit
 def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bias_ptr, norm_ptr,
                       out_ptr, N, K, K_WORDS, ONE, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr,
-                      GELU: tl.constexpr, BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS: tl.constexpr, GROUP: tl.constexpr, WORDS: tl.constexpr,
                       PREFETCH: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
-                      PDL: tl.constexpr):
+                      PDL: tl.constexpr, GELU: tl.constexpr):
     """int4 weights in floorline.engine.quant's layout. A program owns BLOCK_N rows (RB =
     BLOCK_N / 4 blocks of four interleaved rows) and reads GROUPS groups of them per iteration
     as a [GROUPS, CH, RB, WORDS, 4] tile of int32 words: the group's W = GROUP / 8 word
@@ -312,8 +312,8 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
         raise ValueError("accumulate adds into an fp32 residual stream")
     if act not in ACTIVATIONS:
         raise ValueError(f"activation '{act}' is not one of {', '.join(ACTIVATIONS)}")
-    flags = dict(NORM=norm is not None, SWIGLU=up is not None, GELU=act == "gelu_tanh",
-                 BIAS=bias is not None,
+    flags = dict(NORM=norm is not None, SWIGLU=up is not None, BIAS=bias is not None,
+                 GELU=act == "gelu_tanh",
                  ACCUMULATE=accumulate, BLOCK_N=config.block_n, SPLIT_K=config.split_k,
                  num_warps=config.num_warps, num_stages=config.num_stages)
     grid = (triton.cdiv(n, config.block_n), config.split_k)
