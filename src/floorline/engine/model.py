@@ -164,6 +164,8 @@ def _rope(params: dict, cfg) -> dict:
     if kind == "longrope":
         rope.setdefault("original_max_position_embeddings",
                         getattr(cfg, "original_max_position_embeddings", None))
+        if rope["original_max_position_embeddings"] is None:
+            raise EngineUnsupported("LongRoPE without original_max_position_embeddings")
     return rope
 
 
