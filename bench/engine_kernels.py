@@ -35,14 +35,16 @@ def gemv_rows(c: DecoderConfig, ops: TritonOps, weights: str = "bf16",
     def matrix(n, k, is_head):
         return quantize(draw(n, k), head if is_head else weights)
 
+    # Gemma: o and down write a buffer that add_norm normalises into the residual stream
+    into = "" if c.gemma else "+residual"
     shapes = [  # name, N, K, flags, x dtype, out dtype
         ("qkv+norm+bias" if c.qkv_bias else "qkv+norm", c.qkv_rows, c.hidden,
          dict(norm=True, bias=c.qkv_bias), torch.float32, torch.bfloat16),
-        ("o+residual", c.hidden, c.heads * c.head_dim, dict(accumulate=True), torch.bfloat16,
-         torch.float32),
-        ("gate/up+norm+swiglu", c.intermediate, c.hidden, dict(norm=True, up=True),
-         torch.float32, torch.bfloat16),
-        ("down+residual", c.hidden, c.intermediate, dict(accumulate=True), torch.bfloat16,
+        ("o" + into, c.hidden, c.heads * c.head_dim, dict(accumulate=not c.gemma),
+         torch.bfloat16, torch.float32),
+        ("gate/up+norm+" + ("swiglu" if c.act == "silu" else "geglu"), c.intermediate, c.hidden,
+         dict(norm=True, up=True), torch.float32, torch.bfloat16),
+        ("down" + into, c.hidden, c.intermediate, dict(accumulate=not c.gemma), torch.bfloat16,
          torch.float32),
         ("lm head+norm", c.vocab, c.hidden, dict(norm=True), torch.float32, torch.float32),
     ]
@@ -57,7 +59,7 @@ def gemv_rows(c: DecoderConfig, ops: TritonOps, weights: str = "bf16",
         x, out = draw(k, dtype=x_dtype), torch.zeros(n, dtype=out_dtype, device="cuda")
         kw = dict(norm=draw(k) if flags.get("norm") else None, eps=1e-6,
                   bias=draw(n) if flags.get("bias") else None,
-                  accumulate=flags.get("accumulate", False))
+                  accumulate=flags.get("accumulate", False), act=c.act)
 
         def mine():
             for w in ws:
