@@ -24,11 +24,12 @@ CONFIGS = {
     "qwen3-mqa": dict(BASE, model_type="qwen3", head_dim=16, num_key_value_heads=1,
                       tie_word_embeddings=False),
     # two local layers (window 24, base 10^4) then a global one (base 10^6, linear factor 8):
-    # 80 positions cross the window; the final logits soft-capped
+    # 80 positions cross the window; the final logits soft-capped at 0.5, where the cap changes
+    # these small random logits by percents
     "gemma3": dict(BASE, model_type="gemma3_text", head_dim=32, num_hidden_layers=3,
                    sliding_window=24, sliding_window_pattern=3, rope_theta=1e6,
                    rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 8.0},
-                   query_pre_attn_scalar=24, final_logit_softcapping=30.0),
+                   query_pre_attn_scalar=24, final_logit_softcapping=0.5),
     # Gemma 3 1B's shape of things: one kv head, no scaling, a window of 8 every other layer
     "gemma3-1b-like": dict(BASE, model_type="gemma3_text", head_dim=16, num_key_value_heads=1,
                            sliding_window=8, sliding_window_pattern=2),
