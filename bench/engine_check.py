@@ -1,8 +1,11 @@
 """The engine against transformers on the GPU: bf16 logits on the 7B/8B configs (teacher-forced,
 one CUDA graph), and float32 greedy agreement on small configs. --quantised runs the int4 and
 fp8 cases instead: transformers on the dequantised weights, the quantisation error beside it.
+--families runs Qwen3, Gemma 3 and Phi-4-mini at their real shapes, with prompts that cross
+Gemma's sliding windows and Phi-4-mini's original length (where its LongRoPE factors switch),
+and an int4 and an fp8 case.
 
-    python bench/engine_check.py [--quantised] [--models a,b] [--prompt N] [--json out.json]
+    python bench/engine_check.py [--quantised | --families] [--models a,b] [--prompt N] [--json out.json]
 
 --prompt sets every chosen case's prompt length (a long context: --models llama-3.1-8b
 --prompt 32704 checks the 64 positions after a 32k prompt).
@@ -28,6 +31,16 @@ CASES = [  # model, dtype, prompt, steps, weights, head
     ("qwen2.5-7b", torch.bfloat16, 64, 32, "bf16", "bf16"),
     ("llama-3.1-8b", torch.bfloat16, 64, 32, "bf16", "bf16"),
 ]
+FAMILIES = [
+    ("qwen3-0.6b", torch.float32, 32, 64, "bf16", "bf16"),
+    ("gemma-3-1b", torch.float32, 480, 64, "bf16", "bf16"),  # window 512
+    ("qwen3-8b", torch.bfloat16, 64, 32, "bf16", "bf16"),
+    ("gemma-3-4b", torch.bfloat16, 1000, 32, "bf16", "bf16"),  # window 1024
+    ("gemma-3-12b", torch.bfloat16, 1000, 32, "bf16", "bf16"),
+    ("phi-4-mini", torch.bfloat16, 4080, 32, "bf16", "bf16"),  # original length 4096
+    ("qwen3-8b", torch.bfloat16, 64, 32, "int4", "fp8"),
+    ("gemma-3-12b", torch.bfloat16, 64, 32, "fp8", "bf16"),
+]
 QUANTISED = [
     ("llama-3.2-1b", torch.float32, 32, 64, "int4", "bf16"),
     ("qwen2.5-1.5b", torch.float32, 32, 64, "fp8", "bf16"),
@@ -43,11 +56,14 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--models", help="comma-separated subset of the cases")
     parser.add_argument("--quantised", action="store_true", help="the int4 and fp8 cases")
+    parser.add_argument("--families", action="store_true",
+                        help="Qwen3, Gemma 3 and Phi-4-mini at their real shapes")
     parser.add_argument("--prompt", type=int, help="prompt length of every chosen case")
     args = parser.parse_args()
     wanted = set(args.models.split(",")) if args.models else None
     results = []
-    for name, dtype, prompt, steps, weights, head in QUANTISED if args.quantised else CASES:
+    cases = QUANTISED if args.quantised else FAMILIES if args.families else CASES
+    for name, dtype, prompt, steps, weights, head in cases:
         if wanted and name not in wanted:
             continue
         t0 = time.time()

@@ -16,10 +16,11 @@ import json
 import torch
 
 from floorline.engine.check import relative_error
-from floorline.engine.kernels.attention import attention_scratch, decode_attention
+from floorline.engine.kernels.attention import (attention_scratch, attention_warps,
+                                                decode_attention)
 from floorline.engine.kernels.gemv import gemv_reference
 from floorline.engine.kvcache import KV_FORMATS, quantise
-from floorline.engine.model import ATTENTION_BLOCK_T, DecoderConfig, attention_splits
+from floorline.engine.model import DecoderConfig, attention_block_t, attention_splits
 from floorline.engine.ops import TritonOps
 from floorline.engine.quant import FORMATS, HEAD_FORMATS, format_of, quantize
 from floorline.engine.quant import nbytes as weight_nbytes
@@ -35,14 +36,16 @@ def gemv_rows(c: DecoderConfig, ops: TritonOps, weights: str = "bf16",
     def matrix(n, k, is_head):
         return quantize(draw(n, k), head if is_head else weights)
 
+    # Gemma: o and down write a buffer that add_norm normalises into the residual stream
+    into = "" if c.gemma else "+residual"
     shapes = [  # name, N, K, flags, x dtype, out dtype
         ("qkv+norm+bias" if c.qkv_bias else "qkv+norm", c.qkv_rows, c.hidden,
          dict(norm=True, bias=c.qkv_bias), torch.float32, torch.bfloat16),
-        ("o+residual", c.hidden, c.heads * c.head_dim, dict(accumulate=True), torch.bfloat16,
-         torch.float32),
-        ("gate/up+norm+swiglu", c.intermediate, c.hidden, dict(norm=True, up=True),
-         torch.float32, torch.bfloat16),
-        ("down+residual", c.hidden, c.intermediate, dict(accumulate=True), torch.bfloat16,
+        ("o" + into, c.hidden, c.heads * c.head_dim, dict(accumulate=not c.gemma),
+         torch.bfloat16, torch.float32),
+        ("gate/up+norm+" + ("swiglu" if c.act == "silu" else "geglu"), c.intermediate, c.hidden,
+         dict(norm=True, up=True), torch.float32, torch.bfloat16),
+        ("down" + into, c.hidden, c.intermediate, dict(accumulate=not c.gemma), torch.bfloat16,
          torch.float32),
         ("lm head+norm", c.vocab, c.hidden, dict(norm=True), torch.float32, torch.float32),
     ]
@@ -57,7 +60,7 @@ def gemv_rows(c: DecoderConfig, ops: TritonOps, weights: str = "bf16",
         x, out = draw(k, dtype=x_dtype), torch.zeros(n, dtype=out_dtype, device="cuda")
         kw = dict(norm=draw(k) if flags.get("norm") else None, eps=1e-6,
                   bias=draw(n) if flags.get("bias") else None,
-                  accumulate=flags.get("accumulate", False))
+                  accumulate=flags.get("accumulate", False), act=c.act)
 
         def mine():
             for w in ws:
@@ -112,13 +115,22 @@ def attention_rows(c: DecoderConfig, contexts: list[int], kv: str = "bf16") -> l
         qkv = torch.randn(c.qkv_rows, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(c.heads * c.head_dim, device="cuda", dtype=torch.bfloat16)
         pos = torch.tensor([ctx - 1], dtype=torch.int32, device="cuda")
-        cos = torch.randn(capacity, c.head_dim // 2, device="cuda")
-        chosen = attention_splits(c.kv_heads, "cuda")
-        variants = [(chosen, ATTENTION_BLOCK_T[kv], True, 4)] + [
+        rotary = c.rotary or c.head_dim
+        cos = torch.randn(capacity, rotary // 2, device="cuda")
+        # the model's own variant: q/k norms (Qwen3, Gemma 3), partial rotary (Phi-3)
+        norms = (dict(q_norm=torch.ones(c.head_dim, device="cuda"),
+                      k_norm=torch.ones(c.head_dim, device="cuda"), eps=c.eps)
+                 if c.qk_norm else {})
+        own = (attention_splits(c.kv_heads, "cuda"), attention_block_t(c.head_dim, kv), True,
+               attention_warps(c.head_dim))
+        # tiles of K up to 16 KB, or 32 KB with 8 warps: larger ones spill or overflow shared
+        # memory on the H200
+        tile = c.head_dim * (1 if fp8 else 2)
+        variants = [own] + [
             (attention_splits(c.kv_heads, "cuda", per_sm), block_t, f16, warps)
-            for per_sm in (1, 2, 4) for block_t in (64, 128, 256) for warps in (4, 8)
+            for per_sm in (1, 2, 4) for block_t in (32, 64, 128, 256) for warps in (4, 8)
             for f16 in ((True, False) if fp8 else (True,))
-            if block_t < 256 or fp8 and warps == 8]  # 16-bit or 4 warps: too large a tile
+            if block_t * tile <= (32768 if warps == 8 else 16384)]
         for splits, block_t, f16, warps in dict.fromkeys(variants):
             scratch = attention_scratch(c.heads, c.head_dim, splits, "cuda")
 
@@ -126,11 +138,11 @@ def attention_rows(c: DecoderConfig, contexts: list[int], kv: str = "bf16") -> l
                 for (k, ks), (v, vs) in caches:
                     decode_attention(qkv, k, v, cos, cos, pos, out, scale=c.head_dim ** -0.5,
                                      window=None, scratch=scratch, block_t=block_t,
-                                     scales=(ks, vs) if fp8 else None, f16_dots=f16,
-                                     num_warps=warps)
+                                     scales=(ks, vs) if fp8 else None, rotary=rotary,
+                                     f16_dots=f16, num_warps=warps, **norms)
 
             t = time_graph(run) / copies
-            engine = (splits, block_t, f16, warps) == variants[0]
+            engine = (splits, block_t, f16, warps) == own
             rows.append(dict(kernel=f"attention+rope ctx {ctx}" + (" fp8 KV" if fp8 else "")
                              + (" (engine)" if engine else ""),
                              shape=f"{c.kv_heads} kv heads x {ctx}", MB=nbytes / 1e6, us=t,

@@ -23,6 +23,11 @@
 #   bash bench/h200_engine.sh energy    J/token of the engine and stock paths (Qwen2.5-7B, ctx 2048), and
 #                                       the engine's ctx 16384 cells warmed up until steady, with their
 #                                       drift; its own database (about 8 minutes)
+#   bash bench/h200_engine.sh families  Qwen3-8B and Gemma-3-12B: engine beside hf-static+graphs at ctx
+#                                       2048 and 16384, and the engine on Qwen2.5-7B at 2048 in the same
+#                                       run for reference; its own database
+#   bash bench/h200_engine.sh families-check   their logits against transformers at real shapes
+#                                       (Qwen3, Gemma 3, Phi-4-mini), then the sm_90 compile check
 # Files for the results folder go to $OUT (the device tool's) or bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -89,6 +94,20 @@ case ${1:?stage} in
     fl show --db "$EDB" --csv > "$DEST/h200_energy_cells.csv" || echo "stage failed"
     fl report --db "$EDB" --out "$DEST/h200_energy_report" || echo "stage failed"
     DB=$EDB ;;
+  families)
+    FDB=${DB%.db}_families.db
+    fl sweep --db "$FDB" --models qwen3-8b,gemma-3-12b --ctx 2048,16384 \
+      --paths "${PATHS:-engine,hf-static+graphs}" || echo "stage failed"
+    fl sweep --db "$FDB" --models qwen2.5-7b --ctx 2048 --paths engine || echo "stage failed"
+    fl show --db "$FDB" --csv > "$DEST/h200_families_cells.csv" || echo "stage failed"
+    # shapes the run tuned (the new models' GEMVs), for the shipped table
+    if [[ -f $FLOORLINE_CACHE/engine-gemv.json ]]; then
+      cp "$FLOORLINE_CACHE/engine-gemv.json" "$DEST/h200_families_engine-gemv.json"; fi
+    DB=$FDB ;;
+  families-check)
+    python3 bench/engine_check.py --families --json "$DEST/h200_engine_families_check.json" \
+      ${2:+--models $2} || echo "stage failed"
+    python3 bench/engine_families_sass.py --json "$DEST/h200_engine_families_sass.json" ;;
   quant-check) python3 bench/engine_check.py --quantised --json "$DEST/h200_engine_quant_check.json" ;;
   explain)
     for p in ${EXPLAIN_PATHS:-engine}; do for m in ${MODELS//,/ }; do for c in ${CTX//,/ }; do

@@ -39,7 +39,7 @@ def test_gemv_fusions_match_the_reference(dtype, n, k, config):
     w, up = draw(n, k, dtype=dtype, generator=g), draw(n, k, dtype=dtype, generator=g)
     norm, bias = draw(k, dtype=dtype, generator=g), draw(n, dtype=dtype, generator=g)
     cases = [dict(), dict(norm=norm, eps=1e-6), dict(norm=norm, eps=1e-6, bias=bias),
-             dict(norm=norm, eps=1e-6, up=up)]
+             dict(norm=norm, eps=1e-6, up=up), dict(norm=norm, eps=1e-6, up=up, act="gelu_tanh")]
     for kwargs in cases:
         mine, ref = poisoned(n, dtype), poisoned(n, dtype)
         gemv(x, w, mine, config=config, **kwargs)
@@ -87,13 +87,17 @@ def test_tuning_candidates_fit_their_shape():
     assert interpreter_config(96).block_k == 128
 
 
-def attention_case(dtype, pos, window, splits, seed, heads=6, kv_heads=2):
+def attention_case(dtype, pos, window, splits, seed, heads=6, kv_heads=2, rotary=None,
+                   qk_norm=False):
     g = torch.Generator().manual_seed(seed)
     d, capacity = 16, 40
     qkv = draw((heads + 2 * kv_heads) * d, dtype=dtype, generator=g)
     caches = [draw(kv_heads, capacity, d, dtype=dtype, generator=g) for _ in "kv"]
-    angles = draw(capacity, d // 2, generator=g)
+    angles = draw(capacity, (rotary or d) // 2, generator=g)
     tables = (angles.cos(), angles.sin())
+    extra = dict(rotary=rotary)
+    if qk_norm:  # per-head RMSNorm weights of q and k (Qwen3, Gemma 3)
+        extra.update(q_norm=draw(d, generator=g), k_norm=draw(d, generator=g), eps=1e-6)
     position = torch.tensor([pos], dtype=torch.int32, device=DEVICE)
     results = []
     for kernel, scratch in ((decode_attention, attention_scratch(heads, d, splits, DEVICE)),
@@ -101,7 +105,7 @@ def attention_case(dtype, pos, window, splits, seed, heads=6, kv_heads=2):
         k, v = (c.clone() for c in caches)
         out = poisoned(heads * d, dtype)
         kernel(qkv.clone(), k, v, *tables, position, out, scale=d ** -0.5, window=window,
-               scratch=scratch, block_t=16)
+               scratch=scratch, block_t=16, **extra)
         results.append((out, k, v))
     return results
 
@@ -129,3 +133,24 @@ def test_decode_attention_with_more_splits_than_blocks():
     # 32 chunks over 12 tokens: most programs find an empty span and must not count
     (out, _, _), (ref, _, _) = attention_case(torch.float32, 11, None, splits=32, seed=1)
     assert relative_error(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("rotary, qk_norm", [(8, False), (12, False), (16, True), (12, True)])
+def test_decode_attention_with_qk_norms_and_partial_rotary(rotary, qk_norm):
+    # half or 3/4 of each head turned (Phi-3), the rest as it is; q and k normalised per head
+    (out, k, _), (ref, ref_k, _) = attention_case(torch.float32, 21, None, splits=4, seed=3,
+                                                  rotary=rotary, qk_norm=qk_norm)
+    assert relative_error(out, ref) < 1e-5 and relative_error(k, ref_k) < 1e-6
+
+
+@pytest.mark.parametrize("n", [64, 100])  # a power of two, and one the block overhangs
+def test_add_norm_matches_the_reference(n):
+    from floorline.engine.kernels.norm import add_norm, add_norm_reference
+
+    g = torch.Generator().manual_seed(n)
+    x, w, h = draw(n, generator=g), draw(n, generator=g), draw(n, generator=g)
+    mine, ref = h.clone(), h.clone()
+    add_norm(x, w, mine, eps=1e-6)
+    add_norm_reference(x, w, ref, eps=1e-6)
+    expected = h.double() + x.double() / x.double().pow(2).mean().add(1e-6).sqrt() * w.double()
+    assert relative_error(mine, ref) < 1e-6 and relative_error(ref, expected) < 1e-6

@@ -10,25 +10,31 @@ from floorline.traffic import WEIGHT_FORMATS, count_parameters, floor
 
 def expected_counts(cfg: dict) -> tuple[int, int, int]:
     """(total unique params, input embedding params, params of the decoder's linears) for the
-    Llama / Qwen2 / Mistral family, counted by hand."""
+    Llama / Qwen2 / Mistral / Qwen3 / Gemma 3 / Phi-3 families, counted by hand."""
     h, inter, layers, vocab = (cfg["hidden_size"], cfg["intermediate_size"],
                                cfg["num_hidden_layers"], cfg["vocab_size"])
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim", h // heads)
     linears = h * heads * hd + 2 * h * kv * hd + heads * hd * h + 3 * h * inter
     bias = (heads * hd + 2 * kv * hd) if cfg["model_type"] == "qwen2" else 0
-    per_layer = linears + bias + 2 * h  # two RMSNorms
+    norms = 2 * h  # two RMSNorms; Qwen3 and Gemma 3 normalise q and k per head too, and
+    # Gemma 3 the attention's and the MLP's outputs
+    norms += {"qwen3": 2 * hd, "gemma3_text": 2 * hd + 2 * h}.get(cfg["model_type"], 0)
+    per_layer = linears + bias + norms
     embed = vocab * h
     head = 0 if cfg["tie_word_embeddings"] else vocab * h
     return layers * per_layer + embed + head + h, embed, layers * linears
 
 
 def expected_kv_bytes(cfg: dict, ctx: int, elem: int = 2) -> int:
-    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    h, heads, layers = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"]
     hd = cfg.get("head_dim", h // heads)
     window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
-    read = ctx if window is None else min(ctx, window)
-    return cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * hd * elem * (read + 1)
+    # Gemma 3: every sliding_window_pattern-th layer is global, the others windowed
+    pattern = cfg.get("sliding_window_pattern")
+    windows = [None if pattern and (i + 1) % pattern == 0 else window for i in range(layers)]
+    read = sum(ctx if w is None else min(ctx, w) for w in windows)
+    return 2 * cfg["num_key_value_heads"] * hd * elem * (read + layers)
 
 
 @pytest.mark.parametrize("name", shipped_models())
@@ -55,6 +61,38 @@ def test_qwen_reference_counts_and_h200_floor():
     assert floor(resolve_model("qwen2.5-7b"), h200, 2048).floor_ms == pytest.approx(2.97, abs=0.005)
     assert floor(resolve_model("qwen2.5-7b"), h200, 16384).floor_ms == pytest.approx(3.14, abs=0.005)
     assert floor(resolve_model("qwen2.5-7b"), h200, 2048).weight_bytes == 14_141_245_440
+
+
+# Published parameter counts: (total, without the embedding tables), each to the precision it is
+# published at. Qwen3: the model cards ("Number of Parameters", "(Non-Embedding)"); Gemma 3: the
+# technical report's table 1 (non-embedding parameters of the language model, in millions);
+# Phi-4-mini: its model card (3.8B).
+PUBLISHED = {
+    "qwen3-0.6b": (0.6e9, 0.1e9, 0.44e9, 0.01e9), "qwen3-1.7b": (1.7e9, 0.1e9, 1.4e9, 0.1e9),
+    "qwen3-4b": (4.0e9, 0.1e9, 3.6e9, 0.1e9), "qwen3-8b": (8.2e9, 0.1e9, 6.95e9, 0.01e9),
+    "gemma-3-1b": (None, None, 698e6, 1e6), "gemma-3-4b": (None, None, 3209e6, 1e6),
+    "gemma-3-12b": (None, None, 10759e6, 1e6), "phi-4-mini": (3.8e9, 0.1e9, None, None),
+}
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_parameter_counts_match_the_published_figures(name):
+    total, total_step, body, body_step = PUBLISHED[name]
+    counts = count_parameters(resolve_model(name))
+    tables = counts.input_embedding * (1 if counts.tied else 2)
+    if total is not None:
+        assert abs(counts.total - total) <= total_step / 2
+    if body is not None:
+        assert abs(counts.total - tables - body) <= body_step / 2
+
+
+def test_gemma3_local_layers_read_their_window():
+    # 5 of every 6 layers read at most 1024 cached tokens; the floor at 16k counts that
+    spec, cfg = resolve_model("gemma-3-12b"), shipped_config("gemma-3-12b")
+    per_token_layer = 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 2
+    f = floor(spec, lookup("h200"), 16384)
+    assert f.kv_bytes == per_token_layer * (8 * 16385 + 40 * 1025)
+    assert f.kv_bytes * 4 < per_token_layer * 48 * 16385  # under a quarter of full attention's
 
 
 def test_sliding_window_caps_kv_reads():

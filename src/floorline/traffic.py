@@ -173,10 +173,13 @@ def count_parameters(spec: ModelSpec) -> ParamCounts:
     from transformers import AutoModelForCausalLM
     from transformers.pytorch_utils import Conv1D
 
+    # A vision-language checkpoint (Gemma 3 4B and up) is counted by its language model: a
+    # decode step reads none of the vision tower.
+    config = spec.config.get_text_config()
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(
-                spec.config, trust_remote_code=spec.trust_remote_code
+                config, trust_remote_code=spec.trust_remote_code
             )
     except Exception as e:  # transformers raises many kinds for configs it cannot build
         raise FloorlineError(f"{spec.name}: cannot build the model from its config ({e})") from None

@@ -236,11 +236,17 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
     if cuda and not finished():
         engine.capture()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    long_from = engine.config.long_rope_from
     while not finished():
         t0 = time.perf_counter()
         if cuda:
             start.record()
-        engine.step()
+        if engine.filled == long_from:
+            # The step that crosses LongRoPE's original length: as transformers generates,
+            # the whole sequence again, every position turned with the long factors.
+            engine.prefill(torch.tensor(prompt_ids + ids))
+        else:
+            engine.step()
         if cuda:
             end.record()
         ids.append(engine.token.item())  # waits for the step

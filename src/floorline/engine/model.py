@@ -1,18 +1,28 @@
-"""floorline's batch-1 decoder for the Llama, Qwen2 and Mistral families, in one file.
+"""floorline's batch-1 decoder for the Llama, Qwen2, Mistral, Qwen3, Gemma 3 and Phi-3 families,
+in one file.
 
 The step is a fixed sequence of kernels over buffers allocated once, so it can be captured in a
 single CUDA graph:
 
-    h = embed[token]                                    fp32 residual stream
+    h = embed[token] (* sqrt(hidden): Gemma)            fp32 residual stream
     per layer:
         qkv  = Wqkv . rmsnorm(h) + b                    norm folded into the product
-        rope(q, k); K, V cache[pos] = k, v              one kernel split across the GPU,
-                                                        (fp8 cache: quantised as written)
+        rmsnorm(q), rmsnorm(k) per head (Qwen3, Gemma)  one kernel split across the GPU,
+        rope(q, k); K, V cache[pos] = k, v              (fp8 cache: quantised as written)
         attn = attention(q, K, V cache[:pos + 1])       then one combining the splits
         h   += Wo . attn                                added in the product's epilogue
+                                                        (Gemma: h += rmsnorm(Wo . attn))
         act  = silu(Wg . rmsnorm(h)) * (Wu . rmsnorm(h))   one pass over both matrices
-        h   += Wd . act
-    logits = Whead . rmsnorm(h); token = sample(logits); pos += 1
+                                                        (Gemma: tanh-GELU, GeGLU)
+        h   += Wd . act                                 (Gemma: h += rmsnorm(Wd . act))
+    logits = Whead . rmsnorm(h) (Gemma: soft-capped where the config says);
+    token = sample(logits); pos += 1
+
+Variants, from the config: explicit head_dim; rotary on the first `rotary` dims of a head only
+(Phi-3's partial_rotary_factor); Gemma 3's sliding-window layers with a rotary base of their
+own, interleaved with global ones. A sliding-window layer keeps a full-length cache, as every
+layer does, and reads only the window's last positions of it. Gemma's RMSNorm weights act as
+(1 + w): the 1 is added at load, in fp32 (floorline.engine.weights).
 
 `ops` is the kernels (floorline.engine.ops.TritonOps) or their PyTorch references
 (ReferenceOps, the CPU path); both take the same buffers. W is 16-bit, int4 or fp8
@@ -38,7 +48,9 @@ class EngineUnsupported(FloorlineError):
     """The engine does not implement this architecture (one line: what is missing)."""
 
 
-SUPPORTED = ("llama", "qwen2", "mistral")
+SUPPORTED = ("llama", "qwen2", "mistral", "qwen3", "gemma3_text", "phi3")
+ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # config name -> the engine's
+ROPE_TYPES = ("default", "llama3", "linear", "longrope")
 
 
 @dataclass(frozen=True)
@@ -58,54 +70,121 @@ class DecoderConfig:
     windows: tuple
     max_positions: int
     initializer_range: float = 0.02
+    rotary: int = 0  # dims of a head the rotary embedding turns (0: all of them)
+    local_rope: dict | None = None  # sliding-window layers' own rotary embedding (Gemma 3)
+    qk_norm: bool = False  # RMSNorm of each q and k head before the rotary embedding
+    gemma: bool = False  # (1 + w) norms, norms after attention and MLP too, scaled embedding
+    fused: bool = False  # the checkpoint stores qkv_proj and gate_up_proj (Phi-3)
+    act: str = "silu"  # the gated MLP's activation: silu or gelu_tanh
+    query_scale: float = 0.0  # attention's scale on q.k (0: head_dim ** -0.5)
+    final_softcap: float | None = None  # logits = c tanh(logits / c)
 
     @classmethod
     def from_hf(cls, config) -> "DecoderConfig":
         from floorline.traffic import kv_layout
 
         cfg = config.get_text_config()
-        if cfg.model_type not in SUPPORTED:
+        kind = cfg.model_type
+        if "moe" in kind or any(getattr(cfg, f, None) for f in ("num_experts",
+                                                                 "num_local_experts")):
+            raise EngineUnsupported(f"'{kind}' is a mixture-of-experts model; the engine runs "
+                                    "dense decoders only")
+        if kind not in SUPPORTED:
             raise EngineUnsupported(f"the engine runs {', '.join(SUPPORTED)} models, not "
-                                    f"'{cfg.model_type}'")
-        if getattr(cfg, "hidden_act", "silu") != "silu":
-            raise EngineUnsupported(f"the engine's MLP is SwiGLU; this model uses {cfg.hidden_act}")
+                                    f"'{kind}'")
+        act = getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", "silu")
+        if act not in ACTIVATIONS:
+            raise EngineUnsupported(f"the engine's MLP is SwiGLU or tanh-GELU GeGLU; this model "
+                                    f"uses {act}")
         if getattr(cfg, "mlp_bias", False):
             raise EngineUnsupported("the engine's MLP has no biases (mlp_bias is set)")
+        if getattr(cfg, "attn_logit_softcapping", None) is not None:
+            raise EngineUnsupported("attention logit soft-capping (attn_logit_softcapping) is "
+                                    "not implemented in the engine")
+        if getattr(cfg, "use_bidirectional_attention", False):
+            raise EngineUnsupported("bidirectional attention (use_bidirectional_attention)")
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         if head_dim < 16 or head_dim & (head_dim - 1):
             raise EngineUnsupported(f"head_dim {head_dim}: the kernels need a power of two >= 16")
-        rope = dict(getattr(cfg, "rope_parameters", None) or {})
-        rope.setdefault("rope_theta", getattr(cfg, "rope_theta", 10000.0))
-        rope_type = rope.get("rope_type", "default")
-        if rope_type not in ("default", "llama3"):
-            raise EngineUnsupported(f"rope type '{rope_type}' (the engine has default and llama3)")
-        if rope.get("partial_rotary_factor", 1.0) != 1.0:
-            raise EngineUnsupported("partial rotary embeddings")
+        params = dict(getattr(cfg, "rope_parameters", None) or {})
+        local = None
+        if "full_attention" in params:  # one rotary embedding per layer type
+            local = _rope(params.get("sliding_attention") or {}, cfg)
+            params = params["full_attention"] or {}
+        rope = _rope(params, cfg)
+        factor = rope.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0))
+        rotary = int(head_dim * factor)
+        if rotary < 2 or rotary % 2 or rotary > head_dim:
+            raise EngineUnsupported(f"partial_rotary_factor {factor} turns {rotary} of "
+                                    f"{head_dim} dims (the engine needs an even number)")
         attention_bias = getattr(cfg, "attention_bias", False)
+        gemma = kind == "gemma3_text"
         _, windows = kv_layout(config)
         return cls(
             hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
             layers=cfg.num_hidden_layers, heads=heads,
             kv_heads=getattr(cfg, "num_key_value_heads", None) or heads, head_dim=head_dim,
             vocab=cfg.vocab_size, eps=cfg.rms_norm_eps, rope=rope,
-            qkv_bias=cfg.model_type == "qwen2" or attention_bias, o_bias=attention_bias,
+            qkv_bias=kind == "qwen2" or attention_bias, o_bias=attention_bias,
             tied=bool(getattr(cfg, "tie_word_embeddings", False)), windows=tuple(windows),
             max_positions=cfg.max_position_embeddings,
-            initializer_range=getattr(cfg, "initializer_range", 0.02))
+            initializer_range=getattr(cfg, "initializer_range", 0.02), rotary=rotary,
+            local_rope=local, qk_norm=kind in ("qwen3", "gemma3_text"), gemma=gemma,
+            fused=kind == "phi3", act=ACTIVATIONS[act],
+            query_scale=cfg.query_pre_attn_scalar ** -0.5 if gemma else head_dim ** -0.5,
+            final_softcap=getattr(cfg, "final_logit_softcapping", None))
 
     @property
     def qkv_rows(self) -> int:
         return (self.heads + 2 * self.kv_heads) * self.head_dim
 
+    @property
+    def long_rope_from(self) -> int | None:
+        """LongRoPE (Phi-3): the position from which the long factors apply; None without it."""
+        if self.rope.get("rope_type") != "longrope":
+            return None
+        return self.rope["original_max_position_embeddings"]
 
-def inverse_frequencies(config: DecoderConfig) -> torch.Tensor:
-    """Rotary inverse frequencies in float64, with Llama 3's wavelength-dependent scaling."""
-    d = config.head_dim
-    inv = 1.0 / config.rope["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
-    if config.rope.get("rope_type") != "llama3":
+    @property
+    def embed_scale(self) -> float | None:
+        """Gemma's scale on the embedding row, sqrt(hidden)."""
+        return self.hidden ** 0.5 if self.gemma else None
+
+
+def _rope(params: dict, cfg) -> dict:
+    """A rotary embedding's parameters, with its base and original length filled in; a type
+    the engine does not implement is refused."""
+    rope = dict(params)
+    rope.setdefault("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise EngineUnsupported(f"rope type '{kind}' (the engine has {', '.join(ROPE_TYPES)})")
+    rope["rope_type"] = kind
+    if kind == "longrope":
+        rope.setdefault("original_max_position_embeddings",
+                        getattr(cfg, "original_max_position_embeddings", None))
+        if rope["original_max_position_embeddings"] is None:
+            raise EngineUnsupported("LongRoPE without original_max_position_embeddings")
+    return rope
+
+
+def inverse_frequencies(config: DecoderConfig, rope: dict | None = None,
+                        long: bool = False) -> torch.Tensor:
+    """Rotary inverse frequencies in float64 of `rope` (the global one by default) over the
+    turned dims: Llama 3's wavelength-dependent scaling, linear scaling (Gemma 3's global
+    layers), or LongRoPE's per-frequency factors (the long ones where `long`)."""
+    r = config.rope if rope is None else rope
+    d = config.rotary or config.head_dim
+    inv = 1.0 / r["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    kind = r.get("rope_type")
+    if kind == "linear":
+        return inv / r["factor"]
+    if kind == "longrope":
+        factors = r["long_factor"] if long else r["short_factor"]
+        return inv / torch.tensor(factors, dtype=torch.float64)
+    if kind != "llama3":
         return inv
-    r = config.rope
     factor, low, high = r["factor"], r["low_freq_factor"], r["high_freq_factor"]
     old = r["original_max_position_embeddings"]
     wavelength = 2 * math.pi / inv
@@ -117,10 +196,56 @@ def inverse_frequencies(config: DecoderConfig) -> torch.Tensor:
     return torch.where(middle, blended, scaled)
 
 
-# Cached tokens per iteration of the attention kernel, per cache format. An fp8 block of 64
-# tokens is half the bytes of a 16-bit one for the same loop work; on the H200, at 131072
-# tokens of Llama-3.1-8B, 128 ran at 3.0 TB/s against 2.3 (bench/engine_kernels.py --kv fp8).
+def rotary_scaling(config: DecoderConfig, rope: dict) -> float:
+    """LongRoPE's factor on cos and sin (its attention_factor, or transformers' default from
+    how far the context was extended); 1 for the other types."""
+    if rope.get("rope_type") != "longrope":
+        return 1.0
+    if rope.get("attention_factor") is not None:
+        return rope["attention_factor"]
+    original = rope["original_max_position_embeddings"]
+    factor = rope.get("factor") or config.max_positions / original
+    return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+
+
+def long_positions(rope: dict, positions: torch.Tensor, prompt: int | None = None):
+    """Where LongRoPE's long factors apply. transformers picks one set per forward pass, the
+    long one once the sequence is longer than the original length: a decode step at position
+    p uses it from p = original on, and a prompt longer than the original uses it at every
+    position. (Generation in transformers, and Phi-3's own code, also recompute the cache at
+    the step that crosses the original length, so that every cached key turns with the long
+    factors: floorline.engine.generate does the same, by a prefill.) None for the other
+    types."""
+    if rope.get("rope_type") != "longrope":
+        return None
+    original = rope["original_max_position_embeddings"]
+    if prompt is not None and prompt > original:
+        return torch.ones_like(positions, dtype=torch.bool)
+    return positions >= original
+
+
+def rotary_table(config: DecoderConfig, rope: dict, positions: torch.Tensor,
+                 long: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [positions, turned dims / 2] in fp32, computed in float64; `long` marks the
+    positions that take LongRoPE's long factors."""
+    inv = inverse_frequencies(config, rope)
+    if long is not None:
+        inv = torch.where(long[:, None].cpu(), inverse_frequencies(config, rope, long=True), inv)
+    angles = positions.cpu().double()[:, None] * inv
+    scale = rotary_scaling(config, rope)
+    return (angles.cos() * scale).float(), (angles.sin() * scale).float()
+
+
+# Cached tokens per iteration of the attention kernel at head_dim 128, per cache format. An fp8
+# block of 64 tokens is half the bytes of a 16-bit one for the same loop work; on the H200, at
+# 131072 tokens of Llama-3.1-8B, 128 ran at 3.0 TB/s against 2.3 (bench/engine_kernels.py --kv fp8).
 ATTENTION_BLOCK_T = {"bf16": 64, "fp8": 128}
+
+
+def attention_block_t(head_dim: int, kv: str = "bf16") -> int:
+    """Cached tokens per iteration: a tile of ATTENTION_BLOCK_T[kv] x 128 values, halved for
+    256-wide heads (Gemma), whose registers would otherwise spill."""
+    return max(16, ATTENTION_BLOCK_T[kv] * 128 // max(head_dim, 128))
 PREFILL_CHUNK = 2048  # prompt tokens per prefill pass
 
 
@@ -149,12 +274,21 @@ class Decoder:
         c, device, dtype = config, weights.device, weights.dtype
         self.cache = KVCache.allocate(kv, c.layers, c.kv_heads, capacity, c.head_dim, dtype,
                                       device)
-        self.block_t = ATTENTION_BLOCK_T[kv]
         self.k_cache, self.v_cache = self.cache.k, self.cache.v
-        angles = torch.outer(torch.arange(capacity, dtype=torch.float64), inverse_frequencies(c))
-        self.cos = angles.cos().float().to(device)
-        self.sin = angles.sin().float().to(device)
-        self.scale = c.head_dim ** -0.5
+        # One cos/sin table per rotary embedding (Gemma 3: global, local); each layer's pick.
+        self.ropes = [c.rope] + ([c.local_rope] if c.local_rope is not None else [])
+        positions = torch.arange(capacity)
+        self.tables = [tuple(t.to(device) for t in rotary_table(
+            c, r, positions, long_positions(r, positions))) for r in self.ropes]
+        self.layer_rope = [int(c.local_rope is not None and w is not None) for w in c.windows]
+        self.cos, self.sin = self.tables[0]
+        self.scale = c.query_scale or c.head_dim ** -0.5
+        self.rotary = c.rotary or c.head_dim
+        self.block_t = attention_block_t(c.head_dim, kv)
+        # Gemma's embedding scale, rounded to the 16-bit dtype as transformers rounds it
+        # (bfloat16: sqrt(3840) = 61.97 becomes 62)
+        self.embed_scale = (None if c.embed_scale is None
+                            else torch.tensor(c.embed_scale, dtype=dtype).item())
         # The step's state and buffers: fixed addresses, so a captured graph reuses them.
         self.token = torch.zeros(1, dtype=torch.long, device=device)
         self.pos = torch.zeros(1, dtype=torch.int32, device=device)  # the new token's position
@@ -162,6 +296,8 @@ class Decoder:
         self.qkv = torch.empty(c.qkv_rows, dtype=dtype, device=device)
         self.attn = torch.empty(c.heads * c.head_dim, dtype=dtype, device=device)
         self.act = torch.empty(c.intermediate, dtype=dtype, device=device)
+        # Gemma: a product's output, normalised before it joins the residual stream
+        self.out = torch.empty(c.hidden, dtype=torch.float32, device=device) if c.gemma else None
         self.logits = torch.empty(c.vocab, dtype=torch.float32, device=device)
         self.scratch = ops.attention_scratch(c.heads, c.head_dim,
                                              attention_splits(c.kv_heads, device), device)
@@ -170,18 +306,37 @@ class Decoder:
         """One decode step on the device: reads token and pos, leaves the next token and pos+1."""
         c, w, ops = self.config, self.w, self.ops
         self.h.copy_(w.embed.index_select(0, self.token).view(-1))
+        if self.embed_scale is not None:
+            self.h.mul_(self.embed_scale)
         for i, layer in enumerate(w.layers):
             ops.gemv(self.h, layer.wqkv, self.qkv, norm=layer.ln1, eps=c.eps, bias=layer.bqkv)
-            ops.attention(self.qkv, self.k_cache[i], self.v_cache[i], self.cos, self.sin,
+            cos, sin = self.tables[self.layer_rope[i]]
+            ops.attention(self.qkv, self.k_cache[i], self.v_cache[i], cos, sin,
                           self.pos, self.attn, scale=self.scale, window=c.windows[i],
                           scratch=self.scratch, block_t=self.block_t,
-                          scales=self.cache.scales(i))
-            ops.gemv(self.attn, layer.wo, self.h, bias=layer.bo, accumulate=True)
-            ops.gemv(self.h, layer.wgate, self.act, norm=layer.ln2, eps=c.eps, up=layer.wup)
-            ops.gemv(self.act, layer.wdown, self.h, accumulate=True)
-        ops.gemv(self.h, w.head, self.logits, norm=w.norm, eps=c.eps)
+                          scales=self.cache.scales(i), q_norm=layer.q_norm,
+                          k_norm=layer.k_norm, eps=c.eps, rotary=self.rotary)
+            self._add(self.attn, layer.wo, layer.bo, layer.post_attn)
+            ops.gemv(self.h, layer.wgate, self.act, norm=layer.ln2, eps=c.eps, up=layer.wup,
+                     act=c.act)
+            self._add(self.act, layer.wdown, None, layer.post_mlp)
+        self._logits(self.h)
         self.sampler(self.logits, self.token)
         self.pos.add_(1)
+
+    def _add(self, x, w, bias, post_norm) -> None:
+        """h += W x (+ b), or with a norm after the product (Gemma) h += rmsnorm(W x)."""
+        if post_norm is None:
+            self.ops.gemv(x, w, self.h, bias=bias, accumulate=True)
+            return
+        self.ops.gemv(x, w, self.out, bias=bias)
+        self.ops.add_norm(self.out, post_norm, self.h, eps=self.config.eps)
+
+    def _logits(self, x: torch.Tensor) -> None:
+        c = self.config
+        self.ops.gemv(x, self.w.head, self.logits, norm=self.w.norm, eps=c.eps)
+        if c.final_softcap is not None:
+            self.logits.div_(c.final_softcap).tanh_().mul_(c.final_softcap)
 
     def prefill(self, tokens: torch.Tensor, chunk: int = PREFILL_CHUNK) -> torch.Tensor:
         """Run `tokens` (1-D) through the model from position 0, fill the cache, sample the next
@@ -191,43 +346,59 @@ class Decoder:
         the next, so that activations, products and attention scores scale with the chunk and
         not with the prompt: a chunk's queries attend to the cache written so far, read back as
         it holds them (with an fp8 cache, quantised), so that chunking changes nothing."""
-        c, w = self.config, self.w
         n = tokens.numel()
         if n == 0 or n >= self.capacity:
             raise FloorlineError(f"prefill of {n} tokens into a cache of {self.capacity}")
         if chunk < 1:
             raise FloorlineError(f"prefill chunk must be at least 1 token, got {chunk}")
         for start in range(0, n, chunk):
-            x = self._prefill_chunk(tokens[start:start + chunk], start)
+            x = self._prefill_chunk(tokens[start:start + chunk], start, n)
         # The last position's logits by the decode step's own head product (fp32 out).
-        self.ops.gemv(x[-1].contiguous(), w.head, self.logits, norm=w.norm, eps=c.eps)
+        self._logits(x[-1].contiguous())
         self.sampler(self.logits, self.token)
         self.pos.fill_(n)
         return self.logits.clone()
 
-    def _prefill_chunk(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
-        """Positions start .. start + len(tokens) - 1 through every layer; their K and V into
-        the cache; returns the chunk's residual stream (fp32)."""
+    def _prefill_chunk(self, tokens: torch.Tensor, start: int, prompt: int) -> torch.Tensor:
+        """Positions start .. start + len(tokens) - 1 of a `prompt`-token prompt through every
+        layer; their K and V into the cache; returns the chunk's residual stream (fp32)."""
         c, w, dt = self.config, self.w, self.w.dtype
         m = tokens.numel()
         end = start + m
         x = w.embed[tokens].float()
-        cos, sin = self.cos[start:end], self.sin[start:end]
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
+        tables = []
+        for rope, (cos, sin) in zip(self.ropes, self.tables):
+            positions = torch.arange(start, end)
+            long = long_positions(rope, positions, prompt)
+            if long is not None and bool(long.all()):  # a long prompt takes LongRoPE's long set
+                cos, sin = rotary_table(c, rope, positions, long)
+                tables.append((cos.to(x.device), sin.to(x.device)))
+            else:
+                tables.append((cos[start:end], sin[start:end]))
         for i, layer in enumerate(w.layers):
+            cos, sin = tables[self.layer_rope[i]]
             qkv = _linear(_rms_norm(x, layer.ln1, c.eps), layer.wqkv, layer.bqkv, dt)
             q, k, v = qkv.split([c.heads * c.head_dim, c.kv_heads * c.head_dim,
                                  c.kv_heads * c.head_dim], dim=-1)
-            q = _rotate(q.view(m, c.heads, c.head_dim), cos, sin).to(dt)
-            k = _rotate(k.view(m, c.kv_heads, c.head_dim), cos, sin).to(dt)
+            q, k = q.view(m, c.heads, c.head_dim), k.view(m, c.kv_heads, c.head_dim)
+            if layer.q_norm is not None:
+                q, k = _rms_norm(q, layer.q_norm, c.eps), _rms_norm(k, layer.k_norm, c.eps)
+            q = _rotate(q, cos, sin, self.rotary).to(dt)
+            k = _rotate(k, cos, sin, self.rotary).to(dt)
             self.cache.write(i, start, k.transpose(0, 1),
                              v.view(m, c.kv_heads, c.head_dim).transpose(0, 1))
             o = _chunk_attention(q, *self.cache.read(i, end, dt), start, c.windows[i],
                                  self.scale)
-            x = x + _linear(o.transpose(0, 1).reshape(m, -1), layer.wo, layer.bo, dt).float()
+            o = _linear(o.transpose(0, 1).reshape(m, -1), layer.wo, layer.bo, dt).float()
+            x = x + (o if layer.post_attn is None else _rms_norm(o, layer.post_attn, c.eps))
             hn = _rms_norm(x, layer.ln2, c.eps)
-            act = (torch.nn.functional.silu(_linear(hn, layer.wgate, None, dt))
-                   * _linear(hn, layer.wup, None, dt))
-            x = x + _linear(act, layer.wdown, None, dt).float()
+            gate = _linear(hn, layer.wgate, None, dt)
+            gate = (torch.nn.functional.silu(gate) if c.act == "silu"
+                    else torch.nn.functional.gelu(gate, approximate="tanh"))
+            d = _linear(gate * _linear(hn, layer.wup, None, dt), layer.wdown, None, dt).float()
+            x = x + (d if layer.post_mlp is None else _rms_norm(d, layer.post_mlp, c.eps))
         return x
 
 
@@ -240,10 +411,12 @@ def _linear(x, weight, bias, dtype):
     return torch.nn.functional.linear(x.to(dtype), dense(weight, dtype), bias)
 
 
-def _rotate(x, cos, sin):
-    x1, x2 = x.float().chunk(2, dim=-1)
+def _rotate(x, cos, sin, rotary: int):
+    """Rotate-half on the first `rotary` dims of each head (x [m, heads, d]); the rest pass."""
+    x = x.float()
+    x1, x2 = x[..., :rotary].chunk(2, dim=-1)
     cos, sin = cos[:, None], sin[:, None]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., rotary:]], dim=-1)
 
 
 def _chunk_attention(q, k, v, start: int, window: int | None, scale: float):

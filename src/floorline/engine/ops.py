@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from floorline.engine.kernels.attention import decode_attention_reference
 from floorline.engine.kernels.gemv import gemv_reference
+from floorline.engine.kernels.norm import add_norm_reference
 
 
 class ReferenceOps:
@@ -12,6 +13,7 @@ class ReferenceOps:
     name = "reference"
     gemv = staticmethod(gemv_reference)
     attention = staticmethod(decode_attention_reference)
+    add_norm = staticmethod(add_norm_reference)
 
     @staticmethod
     def attention_scratch(n_heads, head_dim, splits, device):
@@ -24,17 +26,18 @@ class TritonOps:
     name = "triton"
 
     def __init__(self, device):
-        from floorline.engine.kernels import attention, gemv
+        from floorline.engine.kernels import attention, gemv, norm
         from floorline.engine.tuning import GemvTuner
 
         self.tuner = GemvTuner(device)
         self._gemv = gemv.gemv
         self.attention = attention.decode_attention
         self.attention_scratch = attention.attention_scratch
+        self.add_norm = norm.add_norm
 
     def gemv(self, x, w, out, *, norm=None, eps: float = 0.0, up=None, bias=None,
-             accumulate: bool = False) -> None:
+             accumulate: bool = False, act: str = "silu") -> None:
         config = self.tuner.config(w, out, norm=norm is not None, up=up is not None,
                                    bias=bias is not None, accumulate=accumulate)
         self._gemv(x, w, out, config=config, norm=norm, eps=eps, up=up, bias=bias,
-                   accumulate=accumulate)
+                   accumulate=accumulate, act=act)

@@ -110,6 +110,19 @@ def fuse_rows(weights: list):
     return Fp8Weight(torch.cat([w.weight for w in weights]), torch.cat([w.scale for w in weights]))
 
 
+def split_rows(w, n: int) -> tuple:
+    """A matrix's first `n` rows and the rest, each in its format (Phi-3's gate_up_proj into
+    gate and up)."""
+    if isinstance(w, torch.Tensor):
+        return w[:n], w[n:]
+    if isinstance(w, Fp8Weight):
+        return Fp8Weight(w.weight[:n], w.scale[:n]), Fp8Weight(w.weight[n:], w.scale[n:])
+    if n % ROWS:
+        raise ValueError(f"an int4 matrix splits at a multiple of {ROWS} rows, not {n}")
+    parts = (slice(None, n // ROWS), slice(n // ROWS, None))
+    return tuple(Int4Weight(w.qweight[p], w.scales[p], w.zeros[p], w.group_size) for p in parts)
+
+
 ROWS = 4  # rows interleaved in the int4 layout
 
 

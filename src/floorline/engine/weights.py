@@ -1,5 +1,8 @@
 """The decoder's weights in the engine's layout: q, k and v fused into one matrix (one product
 per layer instead of three), everything else as the checkpoint stores it ([out, in] rows).
+Phi-3 checkpoints store qkv_proj fused already, and gate_up_proj, which is split into gate and
+up; Gemma's RMSNorm weights w act as (1 + w), and are stored so, in fp32 (a bfloat16 1 + w
+would lose w's low bits).
 
 The decoder's linears are in one of the engine's formats (floorline.engine.quant): the 16-bit
 dtype, int4 or fp8; the LM head is 16-bit or fp8; embeddings, norms and biases stay 16-bit.
@@ -34,6 +37,10 @@ class LayerWeights:  # matrices: a tensor, quant.Int4Weight or quant.Fp8Weight
     wdown: object
     ln1: torch.Tensor
     ln2: torch.Tensor
+    q_norm: torch.Tensor | None = None  # per-head RMSNorm of q and k (Qwen3, Gemma 3)
+    k_norm: torch.Tensor | None = None
+    post_attn: torch.Tensor | None = None  # norms of the attention's and MLP's outputs (Gemma)
+    post_mlp: torch.Tensor | None = None
 
 
 @dataclass
@@ -62,13 +69,23 @@ def expected_shapes(config) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (c.vocab, c.hidden)
     for i in range(c.layers):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
-        shapes.update({a + "q_proj.weight": (q, c.hidden), a + "k_proj.weight": (kv, c.hidden),
-                       a + "v_proj.weight": (kv, c.hidden), a + "o_proj.weight": (c.hidden, q),
-                       p + "mlp.gate_proj.weight": (c.intermediate, c.hidden),
-                       p + "mlp.up_proj.weight": (c.intermediate, c.hidden),
+        if c.fused:
+            shapes.update({a + "qkv_proj.weight": (q + 2 * kv, c.hidden),
+                           p + "mlp.gate_up_proj.weight": (2 * c.intermediate, c.hidden)})
+        else:
+            shapes.update({a + "q_proj.weight": (q, c.hidden), a + "k_proj.weight": (kv, c.hidden),
+                           a + "v_proj.weight": (kv, c.hidden),
+                           p + "mlp.gate_proj.weight": (c.intermediate, c.hidden),
+                           p + "mlp.up_proj.weight": (c.intermediate, c.hidden)})
+        shapes.update({a + "o_proj.weight": (c.hidden, q),
                        p + "mlp.down_proj.weight": (c.hidden, c.intermediate),
                        p + "input_layernorm.weight": (c.hidden,),
                        p + "post_attention_layernorm.weight": (c.hidden,)})
+        if c.qk_norm:
+            shapes.update({a + "q_norm.weight": (c.head_dim,), a + "k_norm.weight": (c.head_dim,)})
+        if c.gemma:
+            shapes.update({p + "pre_feedforward_layernorm.weight": (c.hidden,),
+                           p + "post_feedforward_layernorm.weight": (c.hidden,)})
         if c.qkv_bias:
             shapes.update({a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,),
                            a + "v_proj.bias": (kv,)})
@@ -96,6 +113,11 @@ def from_named(config, get: Callable[[str], torch.Tensor], device, dtype, *,
     def take(name):
         return check(name, get(name)).to(device=device, dtype=dtype)
 
+    def norm(name):
+        if config.gemma:  # (1 + w), in fp32
+            return 1.0 + check(name, get(name)).to(device=device, dtype=torch.float32)
+        return take(name)
+
     def matrix(prefix):
         if linear is not None:
             return check(prefix + ".weight", linear(prefix))
@@ -105,18 +127,31 @@ def from_named(config, get: Callable[[str], torch.Tensor], device, dtype, *,
     for i in range(config.layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
+        if config.fused:
+            wqkv = matrix(a + "qkv_proj")
+            try:
+                wgate, wup = quant.split_rows(matrix(p + "mlp.gate_up_proj"), config.intermediate)
+            except ValueError as e:
+                raise FloorlineError(f"{source}: {p}mlp.gate_up_proj: {e}") from None
+        else:
+            wqkv = quant.fuse_rows([matrix(a + f"{x}_proj") for x in "qkv"])
+            wgate, wup = matrix(p + "mlp.gate_proj"), matrix(p + "mlp.up_proj")
+        after = "pre_feedforward_layernorm" if config.gemma else "post_attention_layernorm"
         layers.append(LayerWeights(
-            wqkv=quant.fuse_rows([matrix(a + f"{x}_proj") for x in "qkv"]),
+            wqkv=wqkv,
             bqkv=torch.cat([take(a + f"{x}_proj.bias") for x in "qkv"]) if config.qkv_bias else None,
             wo=matrix(a + "o_proj"),
             bo=take(a + "o_proj.bias") if config.o_bias else None,
-            wgate=matrix(p + "mlp.gate_proj"), wup=matrix(p + "mlp.up_proj"),
-            wdown=matrix(p + "mlp.down_proj"),
-            ln1=take(p + "input_layernorm.weight"), ln2=take(p + "post_attention_layernorm.weight"),
+            wgate=wgate, wup=wup, wdown=matrix(p + "mlp.down_proj"),
+            ln1=norm(p + "input_layernorm.weight"), ln2=norm(p + after + ".weight"),
+            q_norm=norm(a + "q_norm.weight") if config.qk_norm else None,
+            k_norm=norm(a + "k_norm.weight") if config.qk_norm else None,
+            post_attn=norm(p + "post_attention_layernorm.weight") if config.gemma else None,
+            post_mlp=norm(p + "post_feedforward_layernorm.weight") if config.gemma else None,
         ))
     embed = take("model.embed_tokens.weight")
     head_matrix = embed if config.tied else take("lm_head.weight")
-    return DecoderWeights(embed, quant.quantize(head_matrix, head), take("model.norm.weight"),
+    return DecoderWeights(embed, quant.quantize(head_matrix, head), norm("model.norm.weight"),
                           layers)
 
 
@@ -153,6 +188,7 @@ def checkpoint_format(qc: dict | None, name: str) -> str:
 
 
 ENGINE_FORMAT = {"bf16": "bf16", "awq": "int4", "gptq": "int4", "fp8": "fp8"}
+TEXT_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
 
 
 def _packed_linear(stored: str, get, has, directory, device, group_size):
@@ -209,16 +245,21 @@ def load_checkpoint(directory: Path, config, device, dtype, *, weights: str | No
                                      "safetensors file")
             where[name] = handle
 
+    # The text decoder's names: model.* (a causal LM), or under the language model of a
+    # vision-language checkpoint (Gemma 3 4B and up)
+    prefix = next((p for p in TEXT_PREFIXES if p + "embed_tokens.weight" in where), "model.")
+
     def get(name):
-        if name not in where:
+        stored = prefix + name.removeprefix("model.") if name.startswith("model.") else name
+        if stored not in where:
             untied = " (tie_word_embeddings is false)" if name == "lm_head.weight" else ""
-            raise FloorlineError(f"{directory}: no tensor '{name}' in its safetensors files"
-                                 f"{untied} (the engine reads Hugging Face Llama/Qwen2/Mistral "
-                                 "names)")
+            raise FloorlineError(f"{directory}: no tensor '{stored}' in its safetensors files"
+                                 f"{untied} (the engine reads Hugging Face Llama, Qwen2, "
+                                 "Mistral, Qwen3, Gemma 3 and Phi-3 names)")
         try:
-            return where[name].get_tensor(name)
+            return where[stored].get_tensor(stored)
         except Exception as e:  # data cut short after an intact header
-            raise FloorlineError(f"{directory}: tensor '{name}' cannot be read "
+            raise FloorlineError(f"{directory}: tensor '{stored}' cannot be read "
                                  f"({one_line(e)})") from None
 
     stored = checkpoint_format(quantization, str(directory))
@@ -227,7 +268,10 @@ def load_checkpoint(directory: Path, config, device, dtype, *, weights: str | No
     if own != "bf16" and weights != own:
         raise FloorlineError(f"{directory} is a {stored} checkpoint of {own} weights; run it as "
                              f"{own}, not {weights}")
-    linear = _packed_linear(stored, get, where.__contains__, directory, device, group_size)
+    def has(name):
+        return prefix + name.removeprefix("model.") in where
+
+    linear = _packed_linear(stored, get, has, directory, device, group_size)
     return from_named(config, get, device, dtype, weights=weights, head=head,
                       group_size=group_size, linear=linear, source=str(directory))
 
@@ -252,8 +296,12 @@ def random_weights(config, device, dtype, seed: int, *, weights: str = "bf16",
                                                   std=c.initializer_range), group_size)
         return quant.quantize(normal(n, k), weights)
 
-    def norm():
-        return normal(c.hidden, mean=1.0, std=0.02)
+    def norm(n=c.hidden):  # as loaded: Gemma's (1 + w) in fp32
+        w = normal(n, mean=1.0, std=0.02)
+        return w.float() if c.gemma else w
+
+    def optional(present, n=c.hidden):
+        return norm(n) if present else None
 
     layers = [LayerWeights(
         wqkv=matrix(c.qkv_rows, c.hidden),
@@ -262,6 +310,8 @@ def random_weights(config, device, dtype, seed: int, *, weights: str = "bf16",
         bo=normal(c.hidden) if c.o_bias else None,
         wgate=matrix(c.intermediate, c.hidden), wup=matrix(c.intermediate, c.hidden),
         wdown=matrix(c.hidden, c.intermediate), ln1=norm(), ln2=norm(),
+        q_norm=optional(c.qk_norm, c.head_dim), k_norm=optional(c.qk_norm, c.head_dim),
+        post_attn=optional(c.gemma), post_mlp=optional(c.gemma),
     ) for _ in range(c.layers)]
     embed = normal(c.vocab, c.hidden)
     head_matrix = embed if c.tied else normal(c.vocab, c.hidden)

@@ -11,13 +11,22 @@ from floorline.errors import FloorlineError, one_line
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
-# Where each shipped config.json was copied from (the Hugging Face repository of the model).
+# Where each shipped config.json was copied from (the Hugging Face repository of the model; for
+# Gemma 3 4B and 12B, vision-language checkpoints, the text_config of their language model).
 SOURCES = {
     "qwen2.5-7b": "Qwen/Qwen2.5-7B",
     "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
     "mistral-7b-v0.3": "mistralai/Mistral-7B-v0.3",
     "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B",
     "llama-3.2-1b": "meta-llama/Llama-3.2-1B",
+    "qwen3-0.6b": "Qwen/Qwen3-0.6B",
+    "qwen3-1.7b": "Qwen/Qwen3-1.7B",
+    "qwen3-4b": "Qwen/Qwen3-4B",
+    "qwen3-8b": "Qwen/Qwen3-8B",
+    "gemma-3-1b": "google/gemma-3-1b-it",
+    "gemma-3-4b": "google/gemma-3-4b-it",
+    "gemma-3-12b": "google/gemma-3-12b-it",
+    "phi-4-mini": "microsoft/Phi-4-mini-instruct",
     "tiny-llama": "floorline test config (Llama architecture)",
     "tiny-qwen2": "floorline test config (Qwen2, tied embeddings, q/k/v bias)",
     "tiny-mistral-swa": "floorline test config (Mistral, 256-token sliding window)",

@@ -14,7 +14,12 @@ A second kernel, a program per head, combines the chunks:
 o = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c. (Combining in the last program of each kv
 head to finish, behind a counter, measured 3x slower on the H200: one program then walks the
 whole group.) The chunk length follows the live length on the device, so one captured graph
-serves every position; a sliding window moves the start.
+serves every position; a sliding window moves the start, so that a windowed layer reads only
+its window's last positions of the cache.
+
+Per model (constexprs): QK_NORM normalises each q and k head by its RMS and a weight before the
+rotation (Qwen3, Gemma 3); ROT < D turns only a head's first ROT dims (Phi-3's partial rotary
+embedding), the rest passing as they are.
 
 An fp8 cache (floorline.engine.kvcache) holds e4m3 values and one fp32 scale per token and kv
 head: the writing program quantises the new k and v (s = max|x| / 448), and the loop reads each
@@ -37,18 +42,27 @@ from floorline.engine.kvcache import FP8, FP8_MAX, dequantise, quantise
 
 
 @triton.jit
-def _rotated(x_ptr, base, cos_ptr, sin_ptr, pos, rows, rows_ok, D: tl.constexpr):
-    """Rows of head vectors at x_ptr + base + rows * D, rotated, in fp32 ([rows, D])."""
-    H: tl.constexpr = D // 2
+def _rotated(x_ptr, base, cos_ptr, sin_ptr, pos, rows, rows_ok, norm_ptr, eps, D: tl.constexpr,
+             ROT: tl.constexpr, NORM: tl.constexpr):
+    """Rows of head vectors at x_ptr + base + rows * D, RMS-normalised with the weight at
+    norm_ptr where NORM, their first ROT dims rotated, in fp32 ([rows, D])."""
+    H: tl.constexpr = ROT // 2
     d = tl.arange(0, D)
-    partner = (d + H) % D
+    turned = d < ROT
+    partner = tl.where(turned, (d + H) % ROT, d)  # a dim that is not turned is its own partner
     x = tl.load(x_ptr + base + rows[:, None] * D + d[None, :], mask=rows_ok[:, None], other=0.0)
     y = tl.load(x_ptr + base + rows[:, None] * D + partner[None, :], mask=rows_ok[:, None],
                 other=0.0)
-    cos = tl.load(cos_ptr + pos * H + d % H)
-    sin = tl.load(sin_ptr + pos * H + d % H)
+    x = x.to(tl.float32)
+    y = y.to(tl.float32)
+    if NORM:
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
+        x = x * rstd * tl.load(norm_ptr + d).to(tl.float32)[None, :]
+        y = y * rstd * tl.load(norm_ptr + partner).to(tl.float32)[None, :]
+    cos = tl.load(cos_ptr + pos * H + d % H, mask=turned, other=1.0)
+    sin = tl.load(sin_ptr + pos * H + d % H, mask=turned, other=0.0)
     sign = tl.where(d < H, -1.0, 1.0)
-    return x.to(tl.float32) * cos[None, :] + sign[None, :] * y.to(tl.float32) * sin[None, :]
+    return x * cos[None, :] + sign[None, :] * y * sin[None, :]
 
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
@@ -79,7 +93,8 @@ def _quantised(x, dtype: tl.constexpr):
 
 @triton.jit
 def _attention_split_kernel(qkv_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, cos_ptr, sin_ptr, pos_ptr,
-                            part_ptr, stats_ptr, capacity, scale, window, HQ: tl.constexpr,
+                            part_ptr, stats_ptr, capacity, scale, window, qn_ptr, kn_ptr, eps,
+                            ROT: tl.constexpr, QK_NORM: tl.constexpr, HQ: tl.constexpr,
                             HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                             D: tl.constexpr, BLOCK_T: tl.constexpr, SPLITS: tl.constexpr,
                             WINDOWED: tl.constexpr, KV_FP8: tl.constexpr,
@@ -97,9 +112,10 @@ def _attention_split_kernel(qkv_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, cos_ptr, sin_
     cache_dtype = k_ptr.dtype.element_ty
     one = tl.arange(0, 1)
     # The query group and the new k, rounded where the cache's precision would round them.
-    q = _rotated(qkv_ptr, 0, cos_ptr, sin_ptr, pos, heads, g_ok, D)
+    q = _rotated(qkv_ptr, 0, cos_ptr, sin_ptr, pos, heads, g_ok, qn_ptr, eps, D, ROT, QK_NORM)
     q = q.to(qkv_ptr.dtype.element_ty).to(tl.float32)  # exact in tf32; scaled after the dots
-    k_new = _rotated(qkv_ptr, HQ * D, cos_ptr, sin_ptr, pos, kv_head + one, one < 1, D)
+    k_new = _rotated(qkv_ptr, HQ * D, cos_ptr, sin_ptr, pos, kv_head + one, one < 1, kn_ptr,
+                     eps, D, ROT, QK_NORM)
     k_new = k_new.to(qkv_ptr.dtype.element_ty).to(tl.float32)
     v_new = tl.load(qkv_ptr + (HQ + HKV + kv_head) * D + d[None, :]).to(tl.float32)
     # k_stored, v_stored: the new token's k and v as the cache will hold them, in fp32
@@ -193,6 +209,11 @@ def _precision(dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def attention_warps(head_dim: int) -> int:
+    # A 256-wide head (Gemma) holds twice the registers per tile; 8 warps keep them unspilled.
+    return 8 if head_dim >= 256 else 4
+
+
 def attention_scratch(n_heads: int, head_dim: int, splits: int, device) -> tuple:
     """Per-chunk partial outputs and (m, l) statistics, allocated once per engine."""
     return (torch.empty(n_heads, splits, head_dim, dtype=torch.float32, device=device),
@@ -200,11 +221,16 @@ def attention_scratch(n_heads: int, head_dim: int, splits: int, device) -> tuple
 
 
 def decode_attention(qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,
-                     window: int | None, scratch, block_t: int = 64, scales=None,
-                     f16_dots: bool = True, num_warps: int = 4) -> None:
+                     window: int | None, scratch, block_t: int = 64, scales=None, q_norm=None,
+                     k_norm=None, eps: float = 0.0, rotary: int | None = None,
+                     f16_dots: bool = True, num_warps: int | None = None) -> None:
     """Rotate the new q and k at `pos`, write k and v to the cache there, and
     out[h] = softmax(q_h K^T * scale) V over the live span (the new token included).
-    An fp8 cache comes with `scales`, its (K scales, V scales) [kv heads, capacity]."""
+    An fp8 cache comes with `scales`, its (K scales, V scales) [kv heads, capacity].
+    `q_norm` and `k_norm` ([head_dim], both or neither): each head's RMSNorm (with `eps`)
+    before the rotation; `rotary`: the dims turned (cos and sin are [capacity, rotary / 2]),
+    all by default. `f16_dots` and `num_warps` (attention_warps by default) are launch choices
+    for benchmarks; the engine keeps the defaults."""
     n_kv_heads, capacity, head_dim = k_cache.shape
     n_heads = out.numel() // head_dim
     part, stats = scratch
@@ -214,11 +240,13 @@ def decode_attention(qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,
     k_scale, v_scale = scales if fp8 else (stats, stats)  # not read without fp8
     _attention_split_kernel[(n_kv_heads, splits)](
         qkv, k_cache, v_cache, k_scale, v_scale, cos, sin, pos, part, stats, capacity, scale,
-        window or 0, HQ=n_heads, HKV=n_kv_heads, G=group,
+        window or 0, cos if q_norm is None else q_norm, cos if k_norm is None else k_norm, eps,
+        ROT=rotary or head_dim, QK_NORM=q_norm is not None, HQ=n_heads, HKV=n_kv_heads, G=group,
         G_PAD=max(16, triton.next_power_of_2(group)), D=head_dim, BLOCK_T=block_t,
         SPLITS=splits, WINDOWED=window is not None, KV_FP8=fp8,
         F16_DOTS=fp8 and f16_dots and qkv.dtype != torch.float32,
-        PRECISION=_precision(qkv.dtype), num_warps=num_warps, **pdl_options(qkv))
+        PRECISION=_precision(qkv.dtype), num_warps=num_warps or attention_warps(head_dim),
+        **pdl_options(qkv))
     _attention_combine_kernel[(n_heads,)](part, stats, out, SPLITS=splits, D=head_dim,
                                           num_warps=8 if splits >= 128 else 4,
                                           **pdl_options(qkv))
@@ -233,16 +261,23 @@ def _check_scales(k_cache, scales) -> bool:
 
 def decode_attention_reference(qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,
                                window: int | None, scratch=None, block_t: int = 64,
-                               scales=None) -> None:
+                               scales=None, q_norm=None, k_norm=None, eps: float = 0.0,
+                               rotary: int | None = None) -> None:
     """The same in PyTorch: rotate and write the cache, then a masked softmax over the whole
     capacity (no host read of pos, so it can be captured too)."""
     n_kv_heads, capacity, head_dim = k_cache.shape
     n_heads = out.numel() // head_dim
     index = pos.long().view(1)
-    c, s = cos.index_select(0, index), sin.index_select(0, index)  # [1, D/2]
+    c, s = cos.index_select(0, index), sin.index_select(0, index)  # [1, rotary/2]
     rotated = (n_heads + n_kv_heads) * head_dim
-    x1, x2 = qkv[:rotated].view(-1, head_dim).float().chunk(2, dim=-1)
-    r = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(qkv.dtype)
+    x = qkv[:rotated].view(-1, head_dim).float()
+    if q_norm is not None:
+        weight = torch.cat([q_norm.float().expand(n_heads, -1),
+                            k_norm.float().expand(n_kv_heads, -1)])
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    turned = rotary or head_dim
+    x1, x2 = x[:, :turned].chunk(2, dim=-1)
+    r = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, x[:, turned:]], dim=-1).to(qkv.dtype)
     k_new, v_new = r[n_heads:].unsqueeze(1), qkv[rotated:].view(n_kv_heads, 1, head_dim)
     if _check_scales(k_cache, scales):
         for x, cache, cache_scale in ((k_new, k_cache, scales[0]), (v_new, v_cache, scales[1])):

@@ -3,7 +3,8 @@
 One kernel serves every linear of a decode step; constexpr flags choose the fusions:
 - NORM: RMSNorm of x folded in. y = rstd * W (x * g), and rstd is a scalar, so the sum of
   squares accumulates in the same loop that streams W; no separate pass, no normalised copy.
-- SWIGLU: the gate and up projections of the same rows in one pass, silu(W_g x) * (W_u x).
+- SWIGLU: the gate and up projections of the same rows in one pass, silu(W_g x) * (W_u x);
+  with GELU, gelu_tanh(W_g x) * (W_u x) (Gemma's GeGLU).
 - ACCUMULATE: y is added to `out` (the fp32 residual stream) with atomics, which also lets
   the product split along K (SPLIT_K programs per row block) when N alone cannot fill the GPU.
   The split's partial sums then land in no fixed order: fp32 results are not bit-identical
@@ -47,7 +48,7 @@ class GemvConfig:
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, up_ptr, bias_ptr, norm_ptr, scale_ptr, up_scale_ptr, out_ptr,
                  N, K, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr, BIAS: tl.constexpr,
-                 SCALE: tl.constexpr,
+                 SCALE: tl.constexpr, GELU: tl.constexpr,
                  ACCUMULATE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
@@ -96,19 +97,21 @@ def _gemv_kernel(x_ptr, w_ptr, up_ptr, bias_ptr, norm_ptr, scale_ptr, up_scale_p
         if SWIGLU:
             y_up *= tl.load(up_scale_ptr + rows, mask=row_ok, other=0.0)
     _epilogue(y, y_up, tl.sum(squares, axis=0), rows, row_ok, pid_k, bias_ptr, out_ptr, K, eps,
-              NORM, SWIGLU, BIAS, ACCUMULATE)
+              NORM, SWIGLU, BIAS, ACCUMULATE, GELU)
 
 
 @triton.jit
 def _epilogue(y, y_up, sum_squares, rows, row_ok, pid_k, bias_ptr, out_ptr, K, eps,
               NORM: tl.constexpr, SWIGLU: tl.constexpr, BIAS: tl.constexpr,
-              ACCUMULATE: tl.constexpr):
+              ACCUMULATE: tl.constexpr, GELU: tl.constexpr):
     """What both kernels do with a block of finished dot products."""
     if NORM:  # NORM implies SPLIT_K == 1: this program saw all of x
         rstd = tl.rsqrt(sum_squares / K + eps)
         y *= rstd
         y_up *= rstd
-    if SWIGLU:
+    if SWIGLU and GELU:  # tanh-approximated GELU: 0.5 y (1 + tanh(u)) = y sigmoid(2u)
+        y = y * tl.sigmoid(1.5957691216057308 * (y + 0.044715 * y * y * y)) * y_up
+    elif SWIGLU:
         y = y * tl.sigmoid(y) * y_up
     if BIAS:
         b = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
@@ -191,7 +194,7 @@ def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bi
                       BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS: tl.constexpr, GROUP: tl.constexpr, WORDS: tl.constexpr,
                       PREFETCH: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
-                      PDL: tl.constexpr):
+                      PDL: tl.constexpr, GELU: tl.constexpr):
     """int4 weights in floorline.engine.quant's layout. A program owns BLOCK_N rows (RB =
     BLOCK_N / 4 blocks of four interleaved rows) and reads GROUPS groups of them per iteration
     as a [GROUPS, CH, RB, WORDS, 4] tile of int32 words: the group's W = GROUP / 8 word
@@ -282,14 +285,18 @@ def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bi
     y_up = tl.reshape(tl.sum(tl.sum(acc_up, axis=1), axis=0), (BLOCK_N,))
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     _epilogue(y, y_up, tl.sum(squares), rows, rows < N, pid_k, bias_ptr, out_ptr, K, eps, NORM,
-              SWIGLU, BIAS, ACCUMULATE)
+              SWIGLU, BIAS, ACCUMULATE, GELU)
+
+
+ACTIVATIONS = ("silu", "gelu_tanh")  # of the gated product (`up`)
 
 
 def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None, bias=None,
-         accumulate: bool = False) -> None:
+         accumulate: bool = False, act: str = "silu") -> None:
     """out = W x (or out += W x): see the module docstring for the fusions. W is a 16-bit
     tensor, an Fp8Weight or an Int4Weight (`up` in the same format); for int4, block_k is the K
-    elements a program reads per iteration, a power-of-two number of whole groups."""
+    elements a program reads per iteration, a power-of-two number of whole groups. `act` is
+    the gate's activation where `up` is given."""
     n, k = w.shape
     if x.numel() != k or out.numel() != n:
         raise ValueError(f"W is {n}x{k}, x has {x.numel()} elements and out {out.numel()}")
@@ -303,7 +310,10 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
         raise ValueError("SWIGLU's gate and up matrices must share a format")
     if accumulate and out.dtype != torch.float32:
         raise ValueError("accumulate adds into an fp32 residual stream")
+    if act not in ACTIVATIONS:
+        raise ValueError(f"activation '{act}' is not one of {', '.join(ACTIVATIONS)}")
     flags = dict(NORM=norm is not None, SWIGLU=up is not None, BIAS=bias is not None,
+                 GELU=act == "gelu_tanh",
                  ACCUMULATE=accumulate, BLOCK_N=config.block_n, SPLIT_K=config.split_k,
                  num_warps=config.num_warps, num_stages=config.num_stages)
     grid = (triton.cdiv(n, config.block_n), config.split_k)
@@ -340,7 +350,7 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
 
 
 def gemv_reference(x, w, out, *, config=None, norm=None, eps: float = 0.0, up=None, bias=None,
-                   accumulate: bool = False) -> None:
+                   accumulate: bool = False, act: str = "silu") -> None:
     """The same contract in plain PyTorch: fp32 arithmetic, the kernel's rounding points, and a
     quantised W dequantised to fp32 first (floorline.engine.quant)."""
     xf = x.float()
@@ -348,7 +358,9 @@ def gemv_reference(x, w, out, *, config=None, norm=None, eps: float = 0.0, up=No
         xf = xf * torch.rsqrt(xf.pow(2).mean() + eps) * norm.float()
     y = dense(w) @ xf
     if up is not None:
-        y = torch.nn.functional.silu(y) * (dense(up) @ xf)
+        gate = (torch.nn.functional.gelu(y, approximate="tanh") if act == "gelu_tanh"
+                else torch.nn.functional.silu(y))
+        y = gate * (dense(up) @ xf)
     if bias is not None:
         y = y + bias.float()
     if accumulate:
