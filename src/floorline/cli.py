@@ -149,6 +149,23 @@ def progress_bar():
                     TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=err)
 
 
+def fleet_progress():
+    """progress_bar() with a line per worker under it: its GPU, the cell it is measuring and
+    how many it has finished. Returns the bar and the lines, by worker, to update."""
+    from rich.text import Text
+
+    bar, lines = progress_bar(), {}
+    bars = bar.get_renderables
+
+    def renderables():
+        yield from bars()
+        for worker, line in sorted(list(lines.items())):
+            yield Text(f"  worker {worker} {line}")
+
+    bar.get_renderables = renderables
+    return bar, lines
+
+
 def _num(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
@@ -339,6 +356,7 @@ def sweep(
     force: Annotated[bool, typer.Option("--force", help="Re-measure cells already valid in the database.")] = False,
     seed: Annotated[int, typer.Option(min=0, max=SEED_MAX)] = 0,
     trust_remote_code: TRUST_OPTION = False,
+    cluster: Annotated[Optional[str], typer.Option(help="Spread the cells over a Dask cluster: 'local-cuda' (one worker per GPU of this node) or a scheduler's address tcp://HOST:PORT whose workers each hold one GPU (started with --resources GPU=1). With it, --device is each worker's: cuda (default) or cpu.")] = None,
 ) -> None:
     """Measure a grid of cells into the results database (bare: the study's grid, or the CPU demo)."""
     from floorline.measure.cell import key_steps, key_warmup
@@ -348,12 +366,17 @@ def sweep(
     step_count = parse_count(steps, "--steps", 1)
     width = parse_rel_width(rel_width, step_count)
     warmup_count = parse_count(warmup, "--warmup", 0)
-    device = check_device(device)
+    device = check_device(device) if cluster is None else fleet_device(device, cluster)
     default = default_grid(device)
     grid = check_grid(Grid(tuple(split_list(models, "--models")) or default.models,
                            tuple(parse_contexts(ctx)) or default.contexts,
                            tuple(split_list(paths, "--paths")) or default.paths), trust_remote_code)
     keys = grid.cells(key_steps(step_count, width), key_warmup(warmup_count))
+    if cluster is not None:
+        from floorline.hardware import lookup
+
+        return fleet_sweep(keys, db, cluster, device, gpu and lookup(gpu), force, seed,
+                           trust_remote_code)
     device_spec = resolve_gpu(gpu, device)
     runner = Sweep(Store(db), device, device_spec, force=force, seed=seed,
                    trust_remote_code=trust_remote_code)
@@ -380,6 +403,63 @@ def sweep(
             and (r["model"], r["ctx"], r["path"], r["steps"], r["warmup"]) in wanted]
     out.print(cells_table(rows, f"{db}: {measured} measured, {skipped} already valid (skipped)",
                           runner.store.probes()))
+
+
+def fleet_device(device: str | None, cluster: str) -> str:
+    """The device each worker of a --cluster measures on: its GPU, or with --device cpu its CPU."""
+    from floorline.measure.fleet import LOCAL_CUDA, check_cluster
+
+    check_cluster(cluster)
+    if device not in (None, "cuda", "cpu"):
+        raise FloorlineError(f"with --cluster, --device is 'cuda' (each worker's own GPU) or "
+                             f"'cpu', got '{device}'")
+    if device == "cpu" and cluster == LOCAL_CUDA:
+        raise FloorlineError(f"--cluster {LOCAL_CUDA} runs a worker per GPU: --device cpu does "
+                             "not apply")
+    return device or "cuda"
+
+
+def fleet_sweep(keys, db: Path, cluster: str, device: str, gpu, force: bool, seed: int,
+                trust_remote_code: bool) -> None:
+    """`sweep --cluster`: the cells as tasks on the cluster's workers, each committed here as
+    it ends, with the fleet's progress."""
+    from floorline.measure import fleet
+    from floorline.store import Store
+
+    with fleet.Fleet(cluster) as f:
+        store = Store(db)
+        err.print(f"Dask scheduler {f.address}: surveying its workers with a GPU", highlight=False,
+                  markup=False)
+        todo, env_keys = fleet.to_measure(f, store, keys, device, gpu, force)
+        done: dict[str, int] = {}
+        current: dict[str, object] = {}  # the cell each worker last started
+        bar, lines = fleet_progress()
+        with bar:
+            task = bar.add_task("fleet", total=len(todo))
+
+            def on_start(key, s):
+                current[s.worker] = key
+                lines[s.worker] = (f"({s.gpu}) {model_label(key.model)} ctx={key.ctx} "
+                                   f"{key.path}, {done.get(s.worker, 0)} done")
+
+            def on_done(key, cell, worker, env_key):
+                done[worker] = done.get(worker, 0) + 1
+                if current.get(worker) == key:  # else it has started its next cell
+                    lines[worker] = f"({cell.gpu}) idle, {done[worker]} done"
+                env_keys.add(env_key)
+                if cell.reason:
+                    bar.console.print(f"invalid: {key.model} ctx={key.ctx} {key.path} on "
+                                      f"worker {worker}: {cell.reason}", highlight=False, markup=False)
+                bar.advance(task)
+
+            fleet.sweep(f, store, todo, device, gpu, seed=seed,
+                        trust_remote_code=trust_remote_code, on_start=on_start, on_done=on_done)
+    wanted = {(k.model, k.ctx, k.path, k.steps, k.warmup) for k in keys}
+    rows = [r for r in store.rows() if r["fingerprint_key"] in env_keys
+            and (r["model"], r["ctx"], r["path"], r["steps"], r["warmup"]) in wanted]
+    out.print(cells_table(rows, f"{store.path}: {len(todo)} measured, {len(keys) - len(todo)} "
+                                f"already valid (skipped), on {len(done)} worker(s)",
+                          store.probes()))
 
 
 @app.command()
