@@ -77,12 +77,15 @@ def hang_or_die(marker_dir, key, device, gpu, seed, trust_remote_code):
     return measure_one(key, device, gpu, seed, trust_remote_code)
 
 
-def test_a_worker_killed_mid_cell_loses_no_cell_and_stores_none_twice(tmp_path):
+def test_a_worker_killed_mid_cell_loses_no_cell_and_stores_none_twice(tmp_path, monkeypatch):
     from floorline.hardware import lookup
     from floorline.measure import fleet
     from floorline.measure.cell import CellKey
+    from floorline.measure.fingerprint import environment
     from floorline.store import Store
 
+    # The environment stored must be the worker's: this process's would say so
+    monkeypatch.setattr(fleet, "environment", lambda device: {"device": "the driver's"})
     keys = [CellKey("tiny-llama", ctx, "hf-eager", 4, 1) for ctx in (16, 24, 32, 40)]
     store = Store(tmp_path / "r.db")
     # Two workers as `local-cuda` starts them for two GPUs (on the CPU here)
@@ -111,6 +114,7 @@ def test_a_worker_killed_mid_cell_loses_no_cell_and_stores_none_twice(tmp_path):
             assert fleet.to_measure(f, store, keys, "cpu", lookup(GPU), force=True)[0] == keys
     rows = store.rows(latest=False)
     assert sorted(r["ctx"] for r in rows) == [16, 24, 32, 40]  # each stored once
+    assert {r["fingerprint"]["device"] for r in rows} == {environment("cpu")["device"]}
     by_ctx = {r["ctx"]: r for r in rows}
     assert all(by_ctx[c]["status"] == "valid" and len(by_ctx[c]["samples_ms"]) == 4
                for c in (16, 24, 32))
