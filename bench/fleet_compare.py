@@ -41,8 +41,9 @@ def main() -> int:
                       "fleet_worker": b["details"].get("worker", {}).get("name")})
     print(f"{'model':<16} {'ctx':>6} {'path':<26} {'in-process':>11} {'fleet':>9} {'ratio':>7}")
     for p in pairs:
+        eager = "" if p["graph_replayed"] else "  (eager)"
         print(f"{p['model']:<16} {p['ctx']:>6} {p['path']:<26} {p['in_process_ms']:>11.3f} "
-              f"{p['fleet_ms']:>9.3f} {p['ratio']:>7.4f}" + ("" if p["graph_replayed"] else "  (eager)"))
+              f"{p['fleet_ms']:>9.3f} {p['ratio']:>7.4f}{eager}")
     unpaired = sorted(str(c) for c in set(local) ^ set(fleet))
     graphed = [p for p in pairs if p["graph_replayed"]]
     worst = max((abs(p["ratio"] - 1) for p in graphed), default=None)

@@ -7,7 +7,7 @@ jobs when the sweep ends. Run it where jobs can be submitted, in an environment 
 compute nodes share (the same floorline, torch and transformers):
 
     pip install 'floorline[fleet]' dask-jobqueue
-    python docs/fleet_slurm.py --jobs 4 --partition gpu -- --models qwen2.5-7b --ctx 2048 --db fleet.db
+    python docs/fleet_slurm.py --jobs 4 --partition gpu -- --models qwen2.5-7b --db fleet.db
 
 The job's resources below (cores, memory, the GPU request) are an example: edit them to your
 site's. `--print-job` prints the job script without submitting anything.

@@ -1,6 +1,7 @@
 """Sweeps on a Dask cluster of CPU worker processes: the same cells as the in-process sweep,
 resumed the same way, and a worker killed mid-cell with every cell still stored exactly once."""
 
+import json
 import os
 import re
 import signal
@@ -93,7 +94,8 @@ def test_a_worker_killed_mid_cell_loses_no_cell_and_stores_none_twice(tmp_path, 
     with cluster, distributed.Client(cluster, set_as_default=False) as client:
         pinned = client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"])
         assert sorted(pinned.values()) == ["0", "1"]
-        assert all(w.address.startswith("tcp://127.0.0.1:") for w in cluster.scheduler.workers.values())
+        workers = cluster.scheduler.workers.values()
+        assert all(w.address.startswith("tcp://127.0.0.1:") for w in workers)
         f = fleet.Fleet(cluster.scheduler_address)
         starts, killed = [], []
 
@@ -131,4 +133,42 @@ def test_a_worker_killed_mid_cell_loses_no_cell_and_stores_none_twice(tmp_path, 
                            r"memory, a crash\)", lost["reason"])
     assert lost_on and lost["details"]["worker"]["name"] == lost_on[2]
     assert lost["samples_ms"] == [] and lost["fingerprint_key"] in env_keys
-    assert sqlite3.connect(tmp_path / "r.db").execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    check = sqlite3.connect(tmp_path / "r.db").execute("PRAGMA integrity_check").fetchone()
+    assert check[0] == "ok"
+
+
+def test_ab_spreads_its_sessions_over_the_fleet(tmp_path, cluster):
+    import random
+
+    db = tmp_path / "ab.db"
+    proc = run_cli("ab", "--db", db, "--cluster", cluster.scheduler_address, "--device", "cpu",
+                   "--gpu", GPU, "--a", "hf-eager", "--b", "hf-static", "--model", "tiny-llama",
+                   "--ctx", "32", "--sessions", "2", "--steps", "4", "--block", "2",
+                   "--warmup", "1", "--seed", "7", "--json", check=True)
+    summary = json.loads(proc.stdout)
+    assert summary["sessions"] == 2 and summary["failed"] == 0 and summary["gpu"] == GPU
+    # Each session ran with its own seed: unpaired, the seed picks which arm goes first.
+    for s in summary["per_session"]:
+        first = random.Random(7 * 1_000_003 + s["index"]).randrange(2)
+        assert s["first_arm"] == ("hf-eager", "hf-static")[first]
+        assert s["ratio"] == pytest.approx(s["ms_a"] / s["ms_b"])
+    db_rows = sqlite3.connect(db).execute("SELECT idx, status FROM ab_sessions ORDER BY idx")
+    assert db_rows.fetchall() == [(0, "ok"), (1, "ok")]
+
+
+def test_ab_refuses_a_fleet_of_mixed_gpus():
+    from floorline.errors import FloorlineError
+    from floorline.measure import fleet
+
+    class Mixed:
+        address = "tcp://10.0.0.1:8786"
+
+        def survey(self, device, gpu):
+            return {"tcp://10.0.0.2:1": {"gpu": "h200", "env_key": "a"},
+                    "tcp://10.0.0.3:1": {"gpu": "l4", "env_key": "b"}}
+
+    with pytest.raises(FloorlineError) as e:
+        fleet.one_kind(Mixed(), "cuda", None)
+    assert str(e.value) == ("an A/B compares sessions on one kind of GPU and environment, and the "
+                            "workers at tcp://10.0.0.1:8786 have 2 (h200, l4): give it workers "
+                            "of one kind")

@@ -480,8 +480,10 @@ def ab(
     gpu: GPU_OPTION = None,
     trust_remote_code: TRUST_OPTION = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    cluster: Annotated[Optional[str], typer.Option(help="Spread the sessions over a Dask cluster's workers, as `sweep --cluster` does (workers of one kind of GPU).")] = None,
 ) -> None:
     """A/B of two paths over fresh sessions: speedup with a 95% BCa bootstrap interval."""
+    import contextlib
     import random
 
     from floorline.measure.ab import Plan, check_plan, run_ab
@@ -490,16 +492,54 @@ def ab(
     from floorline.store import Store
 
     warmup_count = parse_count(warmup, "--warmup", 0)
-    device = check_device(device)
-    plan = Plan(parse_path(a).name, parse_path(b).name, model, one_context(ctx, "ab"), device,
-                resolve_gpu(gpu, device).name, sessions, steps, block, warmup_count,
-                random.SystemRandom().randrange(2**31) if seed is None else seed,
-                trust_remote_code)
-    check_plan(plan)
-    store = Store(db)
-    env = environment(device)
+    device = check_device(device) if cluster is None else fleet_device(device, cluster)
+
+    def make_plan(gpu_name: str) -> Plan:
+        return Plan(parse_path(a).name, parse_path(b).name, model, one_context(ctx, "ab"),
+                    device, gpu_name, sessions, steps, block, warmup_count,
+                    random.SystemRandom().randrange(2**31) if seed is None else seed,
+                    trust_remote_code)
+
+    with contextlib.ExitStack() as stack:
+        if cluster is None:
+            plan = make_plan(resolve_gpu(gpu, device).name)
+            check_plan(plan)
+            env = environment(device)
+            run = lambda on_session: run_ab(plan, on_session)  # noqa: E731
+        else:  # the GPU, environment and paths are the workers'
+            from floorline.hardware import lookup
+            from floorline.measure import fleet
+
+            f = stack.enter_context(fleet.Fleet(cluster))
+            worker = fleet.one_kind(f, device, gpu and lookup(gpu))
+            plan, env = make_plan(worker["gpu"]), worker["env"]
+            fleet.check_on_worker(f, check_plan, plan)
+            run = lambda on_session: fleet.ab(f, plan, on_session)  # noqa: E731
+        summary = ab_sessions(plan, run, Store(db), env, fingerprint_key(env))
+    result = summary.as_dict()
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    energy = any(s.energy_ratio is not None for s in summary.sessions)
+    table = Table("session", "first", f"{plan.a} ms", f"{plan.b} ms", "ratio a/b",
+                  *([f"{plan.a} J/token", f"{plan.b} J/token", "energy a/b"] if energy else []),
+                  "status")
+    for s in summary.sessions:
+        table.add_row(str(s.index), s.first_arm or "-", _num(s.ms_a, ".3f"), _num(s.ms_b, ".3f"),
+                      _num(s.ratio, ".4f"),
+                      *([_num(s.j_a, ".4g"), _num(s.j_b, ".4g"), _num(s.energy_ratio, ".4f")]
+                        if energy else []),
+                      s.status if s.status == "ok" else escape(f"failed: {s.reason}"))
+    out.print(table)
+    out.print(summary.sentence(), highlight=False, markup=False)
+
+
+def ab_sessions(plan, run, store, env: dict, env_key: str):
+    """The experiment stored, its sessions run by `run(on_session)` with progress, each stored
+    as it ends, and its summary stored: the summary."""
+    sessions = plan.sessions
     plan_dict = {**plan.__dict__, "paired": plan.paired}
-    experiment = store.start_ab(plan_dict, env, fingerprint_key(env))
+    experiment = store.start_ab(plan_dict, env, env_key)
     err.print(f"A/B {plan.a} vs {plan.b}: {sessions} fresh sessions, "
               f"{'paired (ABBA blocks in each session)' if plan.paired else 'unpaired (one process per arm)'}, "
               f"seed {plan.seed}", highlight=False, markup=False)
@@ -516,24 +556,9 @@ def ab(
                 highlight=False, markup=False)
             progress.advance(task)
 
-        summary = run_ab(plan, on_session)
-    result = summary.as_dict()
-    store.finish_ab(experiment, result)
-    if as_json:
-        print(json.dumps(result, indent=2))
-        return
-    energy = any(s.energy_ratio is not None for s in summary.sessions)
-    table = Table("session", "first", f"{plan.a} ms", f"{plan.b} ms", "ratio a/b",
-                  *([f"{plan.a} J/token", f"{plan.b} J/token", "energy a/b"] if energy else []),
-                  "status")
-    for s in summary.sessions:
-        table.add_row(str(s.index), s.first_arm or "-", _num(s.ms_a, ".3f"), _num(s.ms_b, ".3f"),
-                      _num(s.ratio, ".4f"),
-                      *([_num(s.j_a, ".4g"), _num(s.j_b, ".4g"), _num(s.energy_ratio, ".4f")]
-                        if energy else []),
-                      s.status if s.status == "ok" else escape(f"failed: {s.reason}"))
-    out.print(table)
-    out.print(summary.sentence(), highlight=False, markup=False)
+        summary = run(on_session)
+    store.finish_ab(experiment, summary.as_dict())
+    return summary
 
 
 @app.command()

@@ -1,12 +1,12 @@
-"""A sweep spread over a Dask cluster: one task per cell, each on a worker that holds one GPU.
+"""A sweep (or an A/B's sessions) spread over a Dask cluster: one task per cell (or session),
+each on a worker that holds one GPU.
 
 Workers measure; only this process, the driver, writes the results database, committing each
 cell as its task ends, so no file system needs to be shared. Each task is one cell: the cell
 runner builds its model anew for every cell, so grouping cells into one task would build none
-fewer times. The driver keeps no more cells in flight than the fleet has GPUs, so that a worker
-that dies takes down only the cell it was running; the scheduler retries that cell on another
-worker up to its `distributed.scheduler.allowed-failures` (3 unless configured), after which the
-cell is stored invalid, naming the cause.
+fewer times. The driver places each task on an idle worker itself, one at a time per worker, so
+that a worker that dies takes down only the cell it was running; that cell is tried on another
+worker, ATTEMPTS times in all, then stored invalid, naming the cause.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from floorline.errors import FloorlineError, one_line
 from floorline.hardware import DeviceSpec
+from floorline.measure.ab import ABSummary, Plan, SessionResult, run_session, summarise_sessions
 from floorline.measure.cell import INVALID, CellKey, CellResult, measure_cell
 from floorline.measure.fingerprint import environment, fingerprint_key
 from floorline.store import Store
@@ -91,16 +92,22 @@ def describe_worker(device: str, gpu: DeviceSpec | None, dask_worker) -> dict:
             "env": env, "env_key": fingerprint_key(env)}
 
 
-def run_task(task: Task, measure: Callable[..., CellResult] = measure_one) -> Measured:
-    """Runs on a worker: announces the cell, measures it, returns it with the environment."""
+def announce(gpu: str) -> str:
+    """Runs in a task: tells the driver which worker started it (for its progress); the
+    worker's name."""
     from distributed import get_worker
 
     worker = get_worker()
-    name = str(worker.name)
+    worker.log_event(TOPIC, {"task": worker.get_current_task(), "name": str(worker.name),
+                             "gpu": gpu, "pid": os.getpid()})
+    return str(worker.name)
+
+
+def run_task(task: Task, measure: Callable[..., CellResult] = measure_one) -> Measured:
+    """Runs on a worker: announces the cell, measures it, returns it with the environment."""
     gpu = worker_gpu(task.device, task.gpu)
     env = environment(task.device)
-    worker.log_event(TOPIC, {"task": worker.get_current_task(), "name": name, "gpu": gpu.name,
-                             "pid": os.getpid()})
+    name = announce(gpu.name)
     cell = measure(task.key, task.device, gpu, task.seed, task.trust_remote_code)
     cell.details["worker"] = {"name": name, "host": socket.gethostname()}
     return Measured(cell, env, fingerprint_key(env), name)
@@ -179,13 +186,12 @@ class Fleet:
         if self.cluster is not None:
             self.cluster.close()
 
-    def gpu_workers(self) -> dict[str, int]:
-        """Each worker that holds GPUs: its address and how many (its GPU resource)."""
+    def gpu_workers(self) -> list[str]:
+        """The addresses of the workers that hold a GPU (a GPU resource)."""
         workers = self.client.scheduler_info(n_workers=-1)["workers"]
-        return {a: int(w.get("resources", {}).get(GPU, 0)) for a, w in workers.items()
-                if w.get("resources", {}).get(GPU, 0) >= 1}
+        return [a for a, w in workers.items() if w.get("resources", {}).get(GPU, 0) >= 1]
 
-    def wait_for_gpus(self, timeout_s: float = WAIT_S) -> dict[str, int]:
+    def wait_for_gpus(self, timeout_s: float = WAIT_S) -> list[str]:
         """The GPU workers, once there is one; one line after `timeout_s` without any."""
         deadline = time.monotonic() + timeout_s
         while not (workers := self.gpu_workers()):
@@ -222,12 +228,15 @@ class Started:
     pid: int
 
 
+def lost_reason(what: str, tries: list[str]) -> str:
+    return (f"worker lost: the worker running this {what} died, {len(tries)} time(s) "
+            f"({', '.join(tries)}); a worker's log says why (out of memory, a crash)")
+
+
 def lost_cell(key: CellKey, tries: list[str], worker: dict) -> CellResult:
     """The invalid cell of a task whose every worker died running it; `worker` is the last
     one's survey (describe_worker)."""
-    reason = (f"worker lost: the worker running this cell died, {len(tries)} time(s) "
-              f"({', '.join(tries)}); a worker's log says why (out of memory, a crash)")
-    cell = CellResult(key, worker["gpu"], INVALID, reason)
+    cell = CellResult(key, worker["gpu"], INVALID, lost_reason("cell", tries))
     cell.details = {"worker": {"name": worker["name"], "host": worker["host"]}}
     return cell
 
@@ -241,37 +250,35 @@ def to_measure(fleet: Fleet, store: Store, keys: list[CellKey], device: str,
     return todo, env_keys
 
 
-def sweep(fleet: Fleet, store: Store, keys: list[CellKey], device: str,
-          gpu: DeviceSpec | None = None, *, seed: int = 0, trust_remote_code: bool = False,
-          attempts: int = ATTEMPTS, on_start: Callable[[CellKey, Started], None] | None = None,
-          on_done: Callable[[CellKey, CellResult, str, str], None] | None = None,
-          task_fn: Callable[[Task], Measured] = run_task) -> None:
-    """Measures every cell of `keys` on the fleet, committing each as its task ends;
-    `on_done(key, cell, worker, env_key)` follows each commit.
+def dispatch(fleet: Fleet, items: list, call: Callable[[object], tuple], device: str,
+             gpu: DeviceSpec | None, *, attempts: int, on_result: Callable[[object, object], None],
+             on_lost: Callable[[object, list[str], dict], None],
+             on_start: Callable[[object, Started], None] | None = None) -> None:
+    """Runs a task for each of `items` (hashable) on the fleet's GPU workers, in order, and
+    hands each result to `on_result(item, result)` as its task ends. `call(item)` is the
+    function to run on a worker and its arguments.
 
     Each task is placed here on an idle GPU worker, one at a time per worker: Dask would queue
-    several on one worker, and a worker's death counts against every task queued on it. A
-    cell whose worker leaves the fleet (dies) is tried on another, `attempts` times in all."""
-    pending = list(reversed(keys))  # popped from the end, in the grid's order
+    several on one worker, and a worker's death counts against every task queued on it. An
+    item whose worker leaves the fleet (dies) is tried on another, `attempts` times in all,
+    then given to `on_lost(item, names of the workers lost, the last one's survey)`."""
+    pending = list(reversed(items))  # popped from the end, in order
     events: queue.Queue = queue.Queue()  # starts and ends, handled in this thread only
     fleet.client.subscribe_topic(TOPIC, lambda event: events.put(("start", event[1])))
-    running: dict[str, tuple[CellKey, object, str]] = {}  # task key -> cell, future, worker
-    tries: dict[CellKey, list[str]] = {}  # the workers lost while running each cell
+    running: dict[str, tuple[object, object, str]] = {}  # task key -> item, future, worker
+    tries: dict[object, list[str]] = {}  # the workers lost while running each item
     idle_since = None
 
     def lose(name: str) -> None:
-        """The task's worker died: the cell goes to another, or is stored lost."""
-        key, future, address = running.pop(name)
+        """The task's worker died: the item goes to another worker, or to on_lost."""
+        item, future, address = running.pop(name)
         future.cancel()
         lost = fleet.known[address]
-        tries.setdefault(key, []).append(lost["name"])
-        if len(tries[key]) < attempts:
-            pending.append(key)
-            return
-        cell = lost_cell(key, tries[key], lost)
-        store.add(cell, lost["env"], lost["env_key"])
-        if on_done:
-            on_done(key, cell, lost["name"], lost["env_key"])
+        tries.setdefault(item, []).append(lost["name"])
+        if len(tries[item]) < attempts:
+            pending.append(item)
+        else:
+            on_lost(item, tries[item], lost)
 
     try:
         while pending or running:
@@ -281,50 +288,111 @@ def sweep(fleet: Fleet, store: Store, keys: list[CellKey], device: str,
             busy = {address for _, _, address in running.values()}
             for address in workers:
                 if pending and address not in busy:
-                    # Known before its task runs, so that a cell lost with the worker names it
+                    # Known before its task runs, so that an item lost with it can name it
                     worker = fleet.identify(address, device, gpu)["name"]
-                    # The next cell, but not one lost on this worker (or on its GPU before a
+                    # The next item, but not one lost on this worker (or on its GPU before a
                     # restart) while another is waiting
                     fresh = [i for i, k in enumerate(pending) if worker not in tries.get(k, ())]
-                    key = pending.pop(fresh[-1] if fresh else -1)
-                    name = f"floorline-cell-{uuid.uuid4().hex}"
+                    item = pending.pop(fresh[-1] if fresh else -1)
+                    name = f"floorline-{uuid.uuid4().hex}"
                     future = fleet.client.submit(
-                        task_fn, Task(key, device, gpu, seed, trust_remote_code), key=name,
-                        workers=[address], allow_other_workers=False, resources={GPU: 1},
-                        pure=False)
+                        *call(item), key=name, workers=[address], allow_other_workers=False,
+                        resources={GPU: 1}, pure=False)
                     future.add_done_callback(lambda f: events.put(("done", f)))
-                    running[name] = (key, future, address)
+                    running[name] = (item, future, address)
             idle_since = None if workers else (idle_since or time.monotonic())
             if idle_since is not None and time.monotonic() - idle_since > WAIT_S:
                 raise FloorlineError(f"no worker with a {GPU} has been in the fleet for "
-                                     f"{WAIT_S} s; every finished cell is in the database")
+                                     f"{WAIT_S} s; every finished result is in the database")
             try:
-                kind, item = events.get(timeout=POLL_S)
+                kind, event = events.get(timeout=POLL_S)
             except queue.Empty:
                 continue
             if kind == "start":
-                if item["task"] in running and on_start:
-                    on_start(running[item["task"]][0],
-                             Started(item["name"], item["gpu"], item["pid"]))
+                if event["task"] in running and on_start:
+                    on_start(running[event["task"]][0],
+                             Started(event["name"], event["gpu"], event["pid"]))
                 continue
-            if item.key not in running:  # a task given up above, its worker gone
+            if event.key not in running:  # a task given up above, its worker gone
                 continue
-            if item.cancelled():
-                raise FloorlineError(f"the Dask scheduler at {fleet.address} dropped the sweep's "
-                                     "tasks; every finished cell is in the database")
-            if item.status != "finished":
-                error = item.exception()
+            if event.cancelled():
+                raise FloorlineError(f"the Dask scheduler at {fleet.address} dropped the tasks; "
+                                     "every finished result is in the database")
+            if event.status != "finished":
+                error = event.exception()
                 if type(error).__name__ == "KilledWorker":  # the scheduler gave up on its worker
-                    lose(item.key)
+                    lose(event.key)
                     continue
                 raise FloorlineError(f"a worker failed: {type(error).__name__}: "
                                      f"{one_line(error)}")
-            key = running.pop(item.key)[0]
-            m: Measured = item.result()
-            store.add(m.cell, m.env, m.env_key)
-            if on_done:
-                on_done(key, m.cell, m.worker, m.env_key)
+            on_result(running.pop(event.key)[0], event.result())
     finally:
         for _, future, _ in running.values():
             future.cancel()
         fleet.client.unsubscribe_topic(TOPIC)
+
+
+def sweep(fleet: Fleet, store: Store, keys: list[CellKey], device: str,
+          gpu: DeviceSpec | None = None, *, seed: int = 0, trust_remote_code: bool = False,
+          attempts: int = ATTEMPTS, on_start: Callable[[CellKey, Started], None] | None = None,
+          on_done: Callable[[CellKey, CellResult, str, str], None] | None = None,
+          task_fn: Callable[[Task], Measured] = run_task) -> None:
+    """Measures every cell of `keys` on the fleet, committing each as its task ends (a cell
+    lost with its workers, invalid); `on_done(key, cell, worker, env_key)` follows each."""
+
+    def done(key: CellKey, m: Measured) -> None:
+        store.add(m.cell, m.env, m.env_key)
+        if on_done:
+            on_done(key, m.cell, m.worker, m.env_key)
+
+    def lost(key: CellKey, tries: list[str], worker: dict) -> None:
+        done(key, Measured(lost_cell(key, tries, worker), worker["env"], worker["env_key"],
+                           worker["name"]))
+
+    dispatch(fleet, keys, lambda key: (task_fn, Task(key, device, gpu, seed, trust_remote_code)),
+             device, gpu, attempts=attempts, on_result=done, on_lost=lost, on_start=on_start)
+
+
+def run_session_task(plan: Plan, index: int) -> SessionResult:
+    """Runs on a worker: one A/B session (its fresh processes see the worker's one GPU)."""
+    announce(plan.gpu)
+    return run_session(plan, index)
+
+
+def ab(fleet: Fleet, plan: Plan, on_session: Callable[[SessionResult], None],
+       attempts: int = ATTEMPTS) -> ABSummary:
+    """The plan's sessions spread over the fleet, each handed to `on_session` as it ends (a
+    session lost with its workers, failed); the summary over them all, in session order."""
+    sessions = []
+
+    def done(index: int, s: SessionResult) -> None:
+        on_session(s)
+        sessions.append(s)
+
+    dispatch(fleet, list(range(plan.sessions)), lambda i: (run_session_task, plan, i),
+             plan.device, None, attempts=attempts, on_result=done,
+             on_lost=lambda i, tries, _: done(i, SessionResult(i, "failed",
+                                                               lost_reason("session", tries))))
+    return summarise_sessions(plan, sorted(sessions, key=lambda s: s.index))
+
+
+def one_kind(fleet: Fleet, device: str, gpu: DeviceSpec | None) -> dict:
+    """The survey of a fleet whose workers share one GPU and environment (an A/B sets their
+    sessions against each other); one line naming the kinds where they do not."""
+    workers = fleet.survey(device, gpu)
+    kinds = {(w["gpu"], w["env_key"]) for w in workers.values()}
+    if len(kinds) > 1:
+        raise FloorlineError(
+            f"an A/B compares sessions on one kind of GPU and environment, and the workers at "
+            f"{fleet.address} have {len(kinds)} ({', '.join(sorted(g for g, _ in kinds))}): "
+            "give it workers of one kind")
+    return next(iter(workers.values()))
+
+
+def check_on_worker(fleet: Fleet, check: Callable, *args) -> None:
+    """`check(*args)` on one GPU worker, where the paths and the device are the worker's; its
+    error as one line."""
+    address = fleet.wait_for_gpus()[0]
+    error = fleet.client.run(check, *args, workers=[address], on_error="return")[address]
+    if isinstance(error, BaseException):
+        raise FloorlineError(one_line(error))
