@@ -228,6 +228,23 @@ def test_explain_and_ab_refuse_a_context_the_sweep_calls_invalid(tmp_path):
     assert "2048 positions" in line and not (tmp_path / "r.db").exists()
 
 
+def test_cluster_options_refused_before_any_database(tmp_path):
+    db = ("--db", tmp_path / "r.db")
+    refused("sweep", *db, "--models", "tiny-llama", "--cluster", "localhost:8786",
+            naming="--cluster must be 'local-cuda' or a Dask scheduler's address (tcp://HOST:PORT)",
+            also="got 'localhost:8786'")
+    refused("sweep", *db, "--models", "tiny-llama", "--cluster", "tcp://127.0.0.1:1",
+            "--device", "cuda:1", naming="with --cluster, --device is 'cuda' (each worker's own "
+                                         "GPU) or 'cpu', got 'cuda:1'")
+    refused("sweep", *db, "--models", "tiny-llama", "--cluster", "local-cuda", "--device", "cpu",
+            naming="--cluster local-cuda runs a worker per GPU: --device cpu does not apply")
+    if not torch.cuda.is_available():
+        pytest.importorskip("distributed")
+        refused("sweep", *db, "--models", "tiny-llama", "--cluster", "local-cuda",
+                naming="--cluster local-cuda: torch sees no CUDA device here")
+    assert not (tmp_path / "r.db").exists()
+
+
 @pytest.mark.parametrize("command", ["models", "gpus", "floor", "formats", "paths", "sweep",
                                      "show", "merge", "ab", "probe", "explain", "report",
                                      "predict", "generate"])

@@ -56,3 +56,26 @@ def test_unknown_gpu_name():
     with pytest.raises(FloorlineError, match="unknown GPU 'h300'"):
         lookup("h300")
     assert lookup("H200").name == "h200"
+
+
+def test_nvml_handle_is_the_visible_gpus_not_nvmls_index(monkeypatch):
+    # A worker pinned to the host's third GPU (CUDA_VISIBLE_DEVICES=2) sees it as torch device
+    # 0; NVML's device 0 is the host's first GPU. The handle must be the third's, by UUID.
+    import torch
+
+    from floorline.hardware import nvml_handle
+
+    class Props:
+        uuid = "3c1f0e2a-0000-0000-0000-000000000002"
+
+    class FakeNVML:
+        def nvmlDeviceGetHandleByUUID(self, uuid):
+            return ("uuid", uuid)
+
+        def nvmlDeviceGetHandleByIndex(self, index):
+            return ("index", index)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props())
+    assert nvml_handle(FakeNVML(), 0) == ("uuid", "GPU-3c1f0e2a-0000-0000-0000-000000000002")
+    Props.uuid = None  # a torch too old to report the UUID: NVML's index, as before
+    assert nvml_handle(FakeNVML(), 0) == ("index", 0)

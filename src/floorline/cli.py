@@ -149,6 +149,23 @@ def progress_bar():
                     TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=err)
 
 
+def fleet_progress():
+    """progress_bar() with a line per worker under it: its GPU, the cell it is measuring and
+    how many it has finished. Returns the bar and the lines, by worker, to update."""
+    from rich.text import Text
+
+    bar, lines = progress_bar(), {}
+    bars = bar.get_renderables
+
+    def renderables():
+        yield from bars()
+        for worker, line in sorted(list(lines.items())):
+            yield Text(f"  worker {worker} {line}")
+
+    bar.get_renderables = renderables
+    return bar, lines
+
+
 def _num(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
@@ -339,6 +356,7 @@ def sweep(
     force: Annotated[bool, typer.Option("--force", help="Re-measure cells already valid in the database.")] = False,
     seed: Annotated[int, typer.Option(min=0, max=SEED_MAX)] = 0,
     trust_remote_code: TRUST_OPTION = False,
+    cluster: Annotated[Optional[str], typer.Option(help="Spread the cells over a Dask cluster: 'local-cuda' (one worker per GPU of this node) or a scheduler's address tcp://HOST:PORT whose workers each hold one GPU (started with --resources GPU=1). With it, --device is each worker's: cuda (default) or cpu.")] = None,
 ) -> None:
     """Measure a grid of cells into the results database (bare: the study's grid, or the CPU demo)."""
     from floorline.measure.cell import key_steps, key_warmup
@@ -348,12 +366,17 @@ def sweep(
     step_count = parse_count(steps, "--steps", 1)
     width = parse_rel_width(rel_width, step_count)
     warmup_count = parse_count(warmup, "--warmup", 0)
-    device = check_device(device)
+    device = check_device(device) if cluster is None else fleet_device(device, cluster)
     default = default_grid(device)
     grid = check_grid(Grid(tuple(split_list(models, "--models")) or default.models,
                            tuple(parse_contexts(ctx)) or default.contexts,
                            tuple(split_list(paths, "--paths")) or default.paths), trust_remote_code)
     keys = grid.cells(key_steps(step_count, width), key_warmup(warmup_count))
+    if cluster is not None:
+        from floorline.hardware import lookup
+
+        return fleet_sweep(keys, db, cluster, device, gpu and lookup(gpu), force, seed,
+                           trust_remote_code)
     device_spec = resolve_gpu(gpu, device)
     runner = Sweep(Store(db), device, device_spec, force=force, seed=seed,
                    trust_remote_code=trust_remote_code)
@@ -382,6 +405,63 @@ def sweep(
                           runner.store.probes()))
 
 
+def fleet_device(device: str | None, cluster: str) -> str:
+    """The device each worker of a --cluster measures on: its GPU, or with --device cpu its CPU."""
+    from floorline.measure.fleet import LOCAL_CUDA, check_cluster
+
+    check_cluster(cluster)
+    if device not in (None, "cuda", "cpu"):
+        raise FloorlineError(f"with --cluster, --device is 'cuda' (each worker's own GPU) or "
+                             f"'cpu', got '{device}'")
+    if device == "cpu" and cluster == LOCAL_CUDA:
+        raise FloorlineError(f"--cluster {LOCAL_CUDA} runs a worker per GPU: --device cpu does "
+                             "not apply")
+    return device or "cuda"
+
+
+def fleet_sweep(keys, db: Path, cluster: str, device: str, gpu, force: bool, seed: int,
+                trust_remote_code: bool) -> None:
+    """`sweep --cluster`: the cells as tasks on the cluster's workers, each committed here as
+    it ends, with the fleet's progress."""
+    from floorline.measure import fleet
+    from floorline.store import Store
+
+    with fleet.Fleet(cluster) as f:
+        store = Store(db)
+        err.print(f"Dask scheduler {f.address}: surveying its workers with a GPU", highlight=False,
+                  markup=False)
+        todo, env_keys = fleet.to_measure(f, store, keys, device, gpu, force)
+        done: dict[str, int] = {}
+        current: dict[str, object] = {}  # the cell each worker last started
+        bar, lines = fleet_progress()
+        with bar:
+            task = bar.add_task("fleet", total=len(todo))
+
+            def on_start(key, s):
+                current[s.worker] = key
+                lines[s.worker] = (f"({s.gpu}) {model_label(key.model)} ctx={key.ctx} "
+                                   f"{key.path}, {done.get(s.worker, 0)} done")
+
+            def on_done(key, cell, worker, env_key):
+                done[worker] = done.get(worker, 0) + 1
+                if current.get(worker) == key:  # else it has started its next cell
+                    lines[worker] = f"({cell.gpu}) idle, {done[worker]} done"
+                env_keys.add(env_key)
+                if cell.reason:
+                    bar.console.print(f"invalid: {key.model} ctx={key.ctx} {key.path} on "
+                                      f"worker {worker}: {cell.reason}", highlight=False, markup=False)
+                bar.advance(task)
+
+            fleet.sweep(f, store, todo, device, gpu, seed=seed,
+                        trust_remote_code=trust_remote_code, on_start=on_start, on_done=on_done)
+    wanted = {(k.model, k.ctx, k.path, k.steps, k.warmup) for k in keys}
+    rows = [r for r in store.rows() if r["fingerprint_key"] in env_keys
+            and (r["model"], r["ctx"], r["path"], r["steps"], r["warmup"]) in wanted]
+    out.print(cells_table(rows, f"{store.path}: {len(todo)} measured, {len(keys) - len(todo)} "
+                                f"already valid (skipped), on {len(done)} worker(s)",
+                          store.probes()))
+
+
 @app.command()
 def ab(
     a: Annotated[str, typer.Option("--a", help="Baseline path, e.g. hf-static.")],
@@ -400,8 +480,10 @@ def ab(
     gpu: GPU_OPTION = None,
     trust_remote_code: TRUST_OPTION = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    cluster: Annotated[Optional[str], typer.Option(help="Spread the sessions over a Dask cluster's workers, as `sweep --cluster` does (workers of one kind of GPU).")] = None,
 ) -> None:
     """A/B of two paths over fresh sessions: speedup with a 95% BCa bootstrap interval."""
+    import contextlib
     import random
 
     from floorline.measure.ab import Plan, check_plan, run_ab
@@ -410,16 +492,54 @@ def ab(
     from floorline.store import Store
 
     warmup_count = parse_count(warmup, "--warmup", 0)
-    device = check_device(device)
-    plan = Plan(parse_path(a).name, parse_path(b).name, model, one_context(ctx, "ab"), device,
-                resolve_gpu(gpu, device).name, sessions, steps, block, warmup_count,
-                random.SystemRandom().randrange(2**31) if seed is None else seed,
-                trust_remote_code)
-    check_plan(plan)
-    store = Store(db)
-    env = environment(device)
+    device = check_device(device) if cluster is None else fleet_device(device, cluster)
+
+    def make_plan(gpu_name: str) -> Plan:
+        return Plan(parse_path(a).name, parse_path(b).name, model, one_context(ctx, "ab"),
+                    device, gpu_name, sessions, steps, block, warmup_count,
+                    random.SystemRandom().randrange(2**31) if seed is None else seed,
+                    trust_remote_code)
+
+    with contextlib.ExitStack() as stack:
+        if cluster is None:
+            plan = make_plan(resolve_gpu(gpu, device).name)
+            check_plan(plan)
+            env = environment(device)
+            run = lambda on_session: run_ab(plan, on_session)  # noqa: E731
+        else:  # the GPU, environment and paths are the workers'
+            from floorline.hardware import lookup
+            from floorline.measure import fleet
+
+            f = stack.enter_context(fleet.Fleet(cluster))
+            worker = fleet.one_kind(f, device, gpu and lookup(gpu))
+            plan, env = make_plan(worker["gpu"]), worker["env"]
+            fleet.check_on_worker(f, check_plan, plan)
+            run = lambda on_session: fleet.ab(f, plan, on_session)  # noqa: E731
+        summary = ab_sessions(plan, run, Store(db), env, fingerprint_key(env))
+    result = summary.as_dict()
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    energy = any(s.energy_ratio is not None for s in summary.sessions)
+    table = Table("session", "first", f"{plan.a} ms", f"{plan.b} ms", "ratio a/b",
+                  *([f"{plan.a} J/token", f"{plan.b} J/token", "energy a/b"] if energy else []),
+                  "status")
+    for s in summary.sessions:
+        table.add_row(str(s.index), s.first_arm or "-", _num(s.ms_a, ".3f"), _num(s.ms_b, ".3f"),
+                      _num(s.ratio, ".4f"),
+                      *([_num(s.j_a, ".4g"), _num(s.j_b, ".4g"), _num(s.energy_ratio, ".4f")]
+                        if energy else []),
+                      s.status if s.status == "ok" else escape(f"failed: {s.reason}"))
+    out.print(table)
+    out.print(summary.sentence(), highlight=False, markup=False)
+
+
+def ab_sessions(plan, run, store, env: dict, env_key: str):
+    """The experiment stored, its sessions run by `run(on_session)` with progress, each stored
+    as it ends, and its summary stored: the summary."""
+    sessions = plan.sessions
     plan_dict = {**plan.__dict__, "paired": plan.paired}
-    experiment = store.start_ab(plan_dict, env, fingerprint_key(env))
+    experiment = store.start_ab(plan_dict, env, env_key)
     err.print(f"A/B {plan.a} vs {plan.b}: {sessions} fresh sessions, "
               f"{'paired (ABBA blocks in each session)' if plan.paired else 'unpaired (one process per arm)'}, "
               f"seed {plan.seed}", highlight=False, markup=False)
@@ -436,24 +556,9 @@ def ab(
                 highlight=False, markup=False)
             progress.advance(task)
 
-        summary = run_ab(plan, on_session)
-    result = summary.as_dict()
-    store.finish_ab(experiment, result)
-    if as_json:
-        print(json.dumps(result, indent=2))
-        return
-    energy = any(s.energy_ratio is not None for s in summary.sessions)
-    table = Table("session", "first", f"{plan.a} ms", f"{plan.b} ms", "ratio a/b",
-                  *([f"{plan.a} J/token", f"{plan.b} J/token", "energy a/b"] if energy else []),
-                  "status")
-    for s in summary.sessions:
-        table.add_row(str(s.index), s.first_arm or "-", _num(s.ms_a, ".3f"), _num(s.ms_b, ".3f"),
-                      _num(s.ratio, ".4f"),
-                      *([_num(s.j_a, ".4g"), _num(s.j_b, ".4g"), _num(s.energy_ratio, ".4f")]
-                        if energy else []),
-                      s.status if s.status == "ok" else escape(f"failed: {s.reason}"))
-    out.print(table)
-    out.print(summary.sentence(), highlight=False, markup=False)
+        summary = run(on_session)
+    store.finish_ab(experiment, summary.as_dict())
+    return summary
 
 
 @app.command()

@@ -91,12 +91,23 @@ def peak_from_nvml(mem_clock_mhz: float, bus_width_bits: int) -> float:
     return 2 * mem_clock_mhz * 1e6 * bus_width_bits / 8 / 1e9
 
 
+def nvml_handle(nvml, index: int):
+    """NVML's handle of torch's CUDA device `index`. NVML numbers every GPU of the host, torch
+    only the visible ones (CUDA_VISIBLE_DEVICES, as a worker pinned to one GPU has it): they
+    are matched by UUID."""
+    import torch
+
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    return (nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}") if uuid is not None
+            else nvml.nvmlDeviceGetHandleByIndex(index))
+
+
 def _nvml_peak(index: int) -> float | None:
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        handle = nvml_handle(pynvml, index)
         clock = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)
         width = pynvml.nvmlDeviceGetMemoryBusWidth(handle)
         return peak_from_nvml(clock, width)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+from floorline.hardware import nvml_handle
+
 CPU_NOTE = "not measured on the CPU"
 NO_READING = "not measured: the reading did not advance over the timed steps"
 SAMPLE_S = 0.005  # the power sampler's period, where there is no energy counter
@@ -22,11 +24,7 @@ def open_meter(device: str):
         pynvml.nvmlInit()
         index = torch.device(device).index
         index = torch.cuda.current_device() if index is None else index
-        # NVML numbers every GPU of the host; torch only the visible ones: match by UUID.
-        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-        handle = (pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}") if uuid is not None
-                  else pynvml.nvmlDeviceGetHandleByIndex(index))
-        return EnergyMeter(pynvml, handle), None
+        return EnergyMeter(pynvml, nvml_handle(pynvml, index)), None
     except Exception as e:  # no NVML library, or a driver that cannot answer
         return None, f"not measured: NVML unavailable ({type(e).__name__}: {e})"
 

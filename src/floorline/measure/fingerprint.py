@@ -7,6 +7,7 @@ import json
 import platform
 
 import floorline
+from floorline.hardware import nvml_handle
 
 # What must match for a stored cell to count as already measured; clocks are only recorded.
 KEY_FIELDS = ("device", "driver", "cuda", "torch", "transformers", "floorline")
@@ -17,7 +18,7 @@ def _nvml_handle(device: str):
     import torch
 
     pynvml.nvmlInit()
-    return pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch.device(device).index or 0)
+    return pynvml, nvml_handle(pynvml, torch.device(device).index or 0)
 
 
 def clocks(device: str) -> dict:

@@ -1,0 +1,174 @@
+"""Sweeps on a Dask cluster of CPU worker processes: the same cells as the in-process sweep,
+resumed the same way, and a worker killed mid-cell with every cell still stored exactly once."""
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import threading
+from functools import partial
+
+import pytest
+
+from conftest import run_cli
+
+distributed = pytest.importorskip("distributed")
+
+GPU = "l4"  # a catalogue entry, so that the floor does not depend on the host's bandwidth
+GRID = ("--models", "tiny-llama", "--ctx", "32,64", "--paths",
+        "hf-eager,hf-static+graphs", "--steps", "5", "--warmup", "2", "--gpu", GPU)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two worker processes, each with one GPU resource, as `dask worker --resources GPU=1`
+    starts them; on the loopback, without dashboards."""
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  resources={"GPU": 1}, host="127.0.0.1", dashboard_address=None,
+                                  memory_limit=0) as c:
+        yield c
+
+
+def content(rows):
+    """What must match between two databases of the same grid measured on one host: each cell's
+    identity, status, reason, floor and environment, and the details' fields (not values:
+    timings differ from run to run)."""
+    skip = {"id", "finished_at", "median_ms", "p10_ms", "p90_ms", "mean_ms", "fraction_of_floor",
+            "achieved_gbps", "samples_ms", "fingerprint", "details"}
+    return sorted((tuple((k, v) for k, v in sorted(r.items()) if k not in skip),
+                   len(r["samples_ms"]), sorted(set(r["details"]) - {"worker", "drift"}))
+                  for r in rows)
+
+
+def test_fleet_sweep_stores_the_in_process_sweeps_cells(tmp_path, cluster):
+    from floorline.hardware import lookup
+    from floorline.measure.sweep import Grid, Sweep
+    from floorline.store import Store
+
+    fleet_db, local_db = tmp_path / "fleet.db", tmp_path / "local.db"
+    proc = run_cli("sweep", "--db", fleet_db, "--cluster", cluster.scheduler_address,
+                   "--device", "cpu", *GRID, check=True)
+    assert "4 measured, 0 already valid (skipped), on 2 worker(s)" in proc.stdout
+    assert "fleet" in proc.stderr and "4/4" in proc.stderr
+    # The same grid swept in this process, as `floorline sweep` does without --cluster
+    in_process = Sweep(Store(local_db), "cpu", lookup(GPU))
+    for key in Grid(("tiny-llama",), (32, 64), ("hf-eager", "hf-static+graphs")).cells(5, 2):
+        in_process.run_cell(key)
+    fleet, local = Store(fleet_db).rows(), Store(local_db).rows()
+    assert len(fleet) == 4 and content(fleet) == content(local)
+    assert sum(c["status"] == "valid" for c in fleet) == 2
+    # Each cell names the worker that measured it, and both workers measured.
+    names = {str(w.name) for w in cluster.scheduler.workers.values()}
+    assert {c["details"]["worker"]["name"] for c in fleet} == names
+    # The environment stored is the worker's: on this host, the in-process sweep's.
+    assert {c["fingerprint_key"] for c in fleet} == {in_process.env_key}
+
+
+def hang_or_die(marker_dir, key, device, gpu, seed, trust_remote_code):
+    """A test's cell runner on the workers: ctx 24 hangs on its first attempt until the test
+    kills its worker; ctx 40 kills its own worker every time; the rest are measured."""
+    from floorline.measure.fleet import measure_one
+
+    if key.ctx == 24 and not (marker_dir / "hung").exists():
+        (marker_dir / "hung").touch()
+        threading.Event().wait(120)  # the test kills this worker first
+    if key.ctx == 40:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return measure_one(key, device, gpu, seed, trust_remote_code)
+
+
+def test_a_worker_killed_mid_cell_loses_no_cell_and_stores_none_twice(tmp_path, monkeypatch):
+    from floorline.hardware import lookup
+    from floorline.measure import fleet
+    from floorline.measure.cell import CellKey
+    from floorline.measure.fingerprint import environment
+    from floorline.store import Store
+
+    # The environment stored must be the worker's: this process's would say so
+    monkeypatch.setattr(fleet, "environment", lambda device: {"device": "the driver's"})
+    keys = [CellKey("tiny-llama", ctx, "hf-eager", 4, 1) for ctx in (16, 24, 32, 40)]
+    store = Store(tmp_path / "r.db")
+    # Two workers as `local-cuda` starts them for two GPUs (on the CPU here)
+    cluster = fleet.local_cuda_cluster(["0", "1"])
+    with cluster, distributed.Client(cluster, set_as_default=False) as client:
+        pinned = client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"])
+        assert sorted(pinned.values()) == ["0", "1"]
+        workers = cluster.scheduler.workers.values()
+        assert all(w.address.startswith("tcp://127.0.0.1:") for w in workers)
+        f = fleet.Fleet(cluster.scheduler_address)
+        starts, killed = [], []
+
+        def on_start(key, started):
+            starts.append((key.ctx, started.worker, started.pid))
+            if key.ctx == 24 and not killed:  # it now hangs: kill its worker from outside
+                killed.append(started.pid)
+                os.kill(started.pid, signal.SIGKILL)
+
+        with f:
+            todo, env_keys = fleet.to_measure(f, store, keys, "cpu", lookup(GPU))
+            assert todo == keys
+            # A cell is tried on two workers, then stored invalid
+            fleet.sweep(f, store, todo, "cpu", lookup(GPU), attempts=2, on_start=on_start,
+                        task_fn=partial(fleet.run_task, measure=partial(hang_or_die, tmp_path)))
+            # Resumed, only the lost cell is measured again; with --force, every cell.
+            assert fleet.to_measure(f, store, keys, "cpu", lookup(GPU))[0] == keys[3:]
+            assert fleet.to_measure(f, store, keys, "cpu", lookup(GPU), force=True)[0] == keys
+    rows = store.rows(latest=False)
+    assert sorted(r["ctx"] for r in rows) == [16, 24, 32, 40]  # each stored once
+    assert {r["fingerprint"]["device"] for r in rows} == {environment("cpu")["device"]}
+    by_ctx = {r["ctx"]: r for r in rows}
+    assert all(by_ctx[c]["status"] == "valid" and len(by_ctx[c]["samples_ms"]) == 4
+               for c in (16, 24, 32))
+    assert by_ctx[24]["fingerprint_key"] in env_keys
+    # ctx 24 started twice: hung on the worker that was killed, then measured on another.
+    tries = [(w, pid) for ctx, w, pid in starts if ctx == 24]
+    assert len(tries) == 2 and tries[0][1] == killed[0] and tries[1][1] != killed[0]
+    assert by_ctx[24]["details"]["worker"]["name"] == tries[1][0]
+    lost = by_ctx[40]
+    assert lost["status"] == "invalid" and lost["gpu"] == GPU
+    # Killed at once, before its start reached the driver: named from the workers' survey
+    lost_on = re.fullmatch(r"worker lost: the worker running this cell died, 2 time\(s\) "
+                           r"\((gpu[01]), (gpu[01])\); a worker's log says why \(out of "
+                           r"memory, a crash\)", lost["reason"])
+    assert lost_on and lost["details"]["worker"]["name"] == lost_on[2]
+    assert lost["samples_ms"] == [] and lost["fingerprint_key"] in env_keys
+    check = sqlite3.connect(tmp_path / "r.db").execute("PRAGMA integrity_check").fetchone()
+    assert check[0] == "ok"
+
+
+def test_ab_spreads_its_sessions_over_the_fleet(tmp_path, cluster):
+    import random
+
+    db = tmp_path / "ab.db"
+    proc = run_cli("ab", "--db", db, "--cluster", cluster.scheduler_address, "--device", "cpu",
+                   "--gpu", GPU, "--a", "hf-eager", "--b", "hf-static", "--model", "tiny-llama",
+                   "--ctx", "32", "--sessions", "2", "--steps", "4", "--block", "2",
+                   "--warmup", "1", "--seed", "7", "--json", check=True)
+    summary = json.loads(proc.stdout)
+    assert summary["sessions"] == 2 and summary["failed"] == 0 and summary["gpu"] == GPU
+    # Each session ran with its own seed: unpaired, the seed picks which arm goes first.
+    for s in summary["per_session"]:
+        first = random.Random(7 * 1_000_003 + s["index"]).randrange(2)
+        assert s["first_arm"] == ("hf-eager", "hf-static")[first]
+        assert s["ratio"] == pytest.approx(s["ms_a"] / s["ms_b"])
+    db_rows = sqlite3.connect(db).execute("SELECT idx, status FROM ab_sessions ORDER BY idx")
+    assert db_rows.fetchall() == [(0, "ok"), (1, "ok")]
+
+
+def test_ab_refuses_a_fleet_of_mixed_gpus():
+    from floorline.errors import FloorlineError
+    from floorline.measure import fleet
+
+    class Mixed:
+        address = "tcp://10.0.0.1:8786"
+
+        def survey(self, device, gpu):
+            return {"tcp://10.0.0.2:1": {"gpu": "h200", "env_key": "a"},
+                    "tcp://10.0.0.3:1": {"gpu": "l4", "env_key": "b"}}
+
+    with pytest.raises(FloorlineError) as e:
+        fleet.one_kind(Mixed(), "cuda", None)
+    assert str(e.value) == ("an A/B compares sessions on one kind of GPU and environment, and the "
+                            "workers at tcp://10.0.0.1:8786 have 2 (h200, l4): give it workers "
+                            "of one kind")
