@@ -1,6 +1,9 @@
 """The runner: every cell in a fresh child process. A child that dies by a signal, hangs past
 its timeout or runs out of memory is an invalid cell naming the cause, and the sweep goes on."""
 
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -157,3 +160,29 @@ def test_one_step_budget_for_cells_sessions_and_explanations():
     # No limit (a model without max_position_embeddings): nothing is cut.
     b = step_budget(StepPlan(None, None), 500, None, graphs=False)
     assert (b.plan.warmup_cap, b.plan.steps_cap, b.prompt) == (512, 2048, 500)
+
+
+def test_a_child_dies_with_its_parent(tmp_path):
+    # A parent killed outright cannot stop its child; the kernel does, so that no orphaned
+    # cell goes on holding the device.
+    (tmp_path / "sleepy.py").write_text(
+        "import os, time\n"
+        "def nap(pid_file):\n"
+        "    open(pid_file, 'w').write(str(os.getpid()))\n"
+        "    time.sleep(600)\n")
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from floorline.measure.runner import run_in_child; "
+                               f"run_in_child('sleepy:nap', {{'pid_file': {str(pid_file)!r}}})"],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])})
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.1)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while not gone(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gone(child)

@@ -9,6 +9,7 @@ command: the job comes back as a failure naming the cause.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import json
 import os
@@ -114,7 +115,15 @@ def cell_job(key: dict, device: str, gpu: dict, seed: int, trust_remote_code: bo
                         trust_remote_code).as_dict()
 
 
+def die_with_parent() -> None:
+    """A parent killed outright (SIGKILL) cannot stop its child: have the kernel do it, so that
+    no orphaned cell holds the GPU into the next run (Linux's PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+
+
 def main(argv: list[str]) -> None:
+    die_with_parent()
     job = json.loads(argv[0])
     module, function = job["target"].split(":")
     try:
