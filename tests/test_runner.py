@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_cli
 from floorline.hardware import lookup
 from floorline.measure import runner
 from floorline.measure.cell import CellKey, step_budget
@@ -29,7 +30,8 @@ import json, os, resource, signal, subprocess, sys, time
 def exhaust_memory():
     pages = int(open("/proc/self/statm").read().split()[0])
     held = pages * resource.getpagesize()
-    resource.setrlimit(resource.RLIMIT_AS, (held + (256 << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    resource.setrlimit(resource.RLIMIT_AS, (held + (256 << 20), hard))
     hoard = []
     while True:
         hoard.append(bytearray(16 << 20))
@@ -130,7 +132,8 @@ def test_explain_runs_in_a_child_and_its_death_is_one_reason(misbehaving_child):
     (-6, "terminate called after throwing\n", "killed by SIGABRT"),
     (1, "Traceback (most recent call last):\n  ...\ntorch.OutOfMemoryError: CUDA out of memory.\n",
      "out of memory: torch.OutOfMemoryError: CUDA out of memory."),
-    (3, "CUDA error: an illegal memory access\n\n", "exit code 3: CUDA error: an illegal memory access"),
+    (3, "CUDA error: an illegal memory access\n\n",
+     "exit code 3: CUDA error: an illegal memory access"),
     (1, "", "exit code 1"),
 ])
 def test_how_a_child_without_a_result_is_described(returncode, stderr, reason):
@@ -186,3 +189,16 @@ def test_a_child_dies_with_its_parent(tmp_path):
     while not gone(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert gone(child)
+
+
+@pytest.mark.parametrize("command, value", [
+    (("sweep", "--models", "tiny-llama", "--ctx", "16"), "nan"),
+    (("ab", "--a", "hf-eager", "--b", "hf-static", "--model", "tiny-llama", "--ctx", "16"), "0"),
+    (("explain", "--model", "tiny-llama", "--ctx", "16"), "2e6"),
+])
+def test_a_bad_timeout_is_one_line(tmp_path, command, value):
+    proc = run_cli(*command, "--timeout", value, "--gpu", "l4", "--db", tmp_path / "r.db")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert f"--timeout must be from 1 to 1000000 seconds, got {float(value):g}" in lines[0]
+    assert not (tmp_path / "r.db").exists()
