@@ -8,6 +8,7 @@ import pytest
 from scipy.stats import bootstrap
 
 from conftest import run_cli
+from floorline.measure import runner
 from floorline.measure.ab import Plan, run_ab, summarise_sessions, SessionResult
 from floorline.measure.session import block_order
 from floorline.stats import mean_interval
@@ -87,20 +88,21 @@ def test_ab_unpaired_runs_each_arm_in_its_own_session():
     assert "unpaired" in out.sentence()
 
 
-def test_a_crashing_session_is_recorded_and_the_others_kept(tmp_path):
+def test_a_crashing_session_is_recorded_and_the_others_kept(tmp_path, monkeypatch):
     # A worker that dies in its second session (index 1) before measuring anything.
     crasher = tmp_path / "worker.py"
     crasher.write_text(
         "import json, os, sys\n"
-        "job = json.loads(sys.argv[1])\n"
+        "job = json.loads(sys.argv[1])['args']\n"
         "if job['seed'] % 1_000_003 == 1:\n"
         "    print('CUDA error: an illegal memory access', file=sys.stderr); os._exit(3)\n"
-        "from floorline.measure.session import main\n"
+        "from floorline.measure.runner import main\n"
         "main(sys.argv[1:])\n")
+    monkeypatch.setattr(runner, "CHILD", [sys.executable, str(crasher)])
     seen = []
     out = run_ab(Plan("hf-static", "hf-static", "tiny-llama", 16, "cpu", "l4", sessions=3,
                       steps=4, block=2, warmup=1, seed=0),
-                 on_session=seen.append, worker=[sys.executable, str(crasher)])
+                 on_session=seen.append)
     assert [s.status for s in out.sessions] == ["ok", "failed", "ok"]
     assert out.sessions[1].reason == "exit code 3: CUDA error: an illegal memory access"
     assert [s.index for s in seen] == [0, 1, 2]

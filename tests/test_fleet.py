@@ -65,7 +65,7 @@ def test_fleet_sweep_stores_the_in_process_sweeps_cells(tmp_path, cluster):
     assert {c["fingerprint_key"] for c in fleet} == {in_process.env_key}
 
 
-def hang_or_die(marker_dir, key, device, gpu, seed, trust_remote_code):
+def hang_or_die(marker_dir, key, device, gpu, seed, trust_remote_code, timeout_s):
     """A test's cell runner on the workers: ctx 24 hangs on its first attempt until the test
     kills its worker; ctx 40 kills its own worker every time; the rest are measured."""
     from floorline.measure.fleet import measure_one
@@ -75,7 +75,7 @@ def hang_or_die(marker_dir, key, device, gpu, seed, trust_remote_code):
         threading.Event().wait(120)  # the test kills this worker first
     if key.ctx == 40:
         os.kill(os.getpid(), signal.SIGKILL)
-    return measure_one(key, device, gpu, seed, trust_remote_code)
+    return measure_one(key, device, gpu, seed, trust_remote_code, timeout_s)
 
 
 def test_a_worker_killed_mid_cell_loses_no_cell_and_stores_none_twice(tmp_path, monkeypatch):

@@ -110,19 +110,6 @@ def test_llama_cpp_steps_are_not_ours_to_capture(model_dir, monkeypatch, tmp_pat
         open_session(parse_path("llamacpp-q4_0+compile"), resolve_model(str(model_dir)), "cpu", 64, 0)
 
 
-@needs_llama_cpp
-def test_a_llama_cpp_that_crashes_loading_is_an_invalid_cell_not_a_lost_sweep(model_dir, monkeypatch,
-                                                                             tmp_path):
-    from floorline.paths import PathUnavailable, open_session, parse_path
-    from floorline.paths import llamacpp
-
-    monkeypatch.setenv("FLOORLINE_CACHE", str(tmp_path / "cache"))
-    # the H200's broken CUDA build died this way inside llama_model_load_from_file
-    monkeypatch.setattr(llamacpp, "_PROBE", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
-    with pytest.raises(PathUnavailable, match="died of SIGSEGV loading .*gguf in a probe process"):
-        open_session(parse_path("llamacpp-q4_0"), resolve_model(str(model_dir)), "cpu", 64, 0)
-
-
 @pytest.mark.parametrize("fmt", ["bf16", "q4_0"])
 def test_a_directorys_gguf_must_be_the_paths_format(model_dir, fmt):
     from floorline.errors import FloorlineError

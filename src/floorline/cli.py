@@ -29,6 +29,7 @@ GPU_OPTION = Annotated[Optional[str], typer.Option(help="GPU for the floor (`flo
 TRUST_OPTION = Annotated[bool, typer.Option("--trust-remote-code", help="Run a config's own model code (auto_map).")]
 WARMUP_OPTION = Annotated[str, typer.Option(help="Untimed decode steps before timing, or 'auto': until the median of 32 steps is within 1% of the 32 before (at most 512 steps or about 5 s).")]
 REL_WIDTH_OPTION = Annotated[Optional[float], typer.Option(help="With --steps auto: the width of the median's 95% interval to reach, as a fraction of the median (default 0.01).")]
+TIMEOUT_OPTION = Annotated[Optional[float], typer.Option("--timeout", help="Seconds each measuring process (one per cell or session) may run before it is stopped and its result marked as timed out (default 1800).")]
 SEED_MAX = 2**32 - 1
 STEPS_MAX = 1_000_000
 MAX_CONTEXT = 2**31 - 1  # tokens; far above any model, and within what the database stores
@@ -83,6 +84,17 @@ def parse_rel_width(rel_width: float | None, steps: int | None) -> float:
         raise FloorlineError(f"--rel-width must be above 0 and below 1 (a fraction of the "
                              f"median), got {rel_width:g}")
     return rel_width
+
+
+def parse_timeout(timeout: float | None) -> float:
+    """--timeout in seconds; default the runner's."""
+    from floorline.measure.runner import TIMEOUT_S
+
+    if timeout is None:
+        return TIMEOUT_S
+    if not 1 <= timeout <= 1e6:
+        raise FloorlineError(f"--timeout must be from 1 to 1000000 seconds, got {timeout:g}")
+    return timeout
 
 
 def one_context(text: str, command: str) -> int:
@@ -357,6 +369,7 @@ def sweep(
     seed: Annotated[int, typer.Option(min=0, max=SEED_MAX)] = 0,
     trust_remote_code: TRUST_OPTION = False,
     cluster: Annotated[Optional[str], typer.Option(help="Spread the cells over a Dask cluster: 'local-cuda' (one worker per GPU of this node) or a scheduler's address tcp://HOST:PORT whose workers each hold one GPU (started with --resources GPU=1). With it, --device is each worker's: cuda (default) or cpu.")] = None,
+    timeout: TIMEOUT_OPTION = None,
 ) -> None:
     """Measure a grid of cells into the results database (bare: the study's grid, or the CPU demo)."""
     from floorline.measure.cell import key_steps, key_warmup
@@ -365,6 +378,7 @@ def sweep(
 
     step_count = parse_count(steps, "--steps", 1)
     width = parse_rel_width(rel_width, step_count)
+    timeout_s = parse_timeout(timeout)
     warmup_count = parse_count(warmup, "--warmup", 0)
     device = check_device(device) if cluster is None else fleet_device(device, cluster)
     default = default_grid(device)
@@ -376,10 +390,10 @@ def sweep(
         from floorline.hardware import lookup
 
         return fleet_sweep(keys, db, cluster, device, gpu and lookup(gpu), force, seed,
-                           trust_remote_code)
+                           trust_remote_code, timeout_s)
     device_spec = resolve_gpu(gpu, device)
     runner = Sweep(Store(db), device, device_spec, force=force, seed=seed,
-                   trust_remote_code=trust_remote_code)
+                   trust_remote_code=trust_remote_code, timeout_s=timeout_s)
     if device == "cpu":
         err.print(f"No CUDA device: running on the CPU; floor bandwidth {device_spec.peak_gbps:g} GB/s "
                   f"{device_spec.source}", highlight=False, markup=False)
@@ -420,7 +434,7 @@ def fleet_device(device: str | None, cluster: str) -> str:
 
 
 def fleet_sweep(keys, db: Path, cluster: str, device: str, gpu, force: bool, seed: int,
-                trust_remote_code: bool) -> None:
+                trust_remote_code: bool, timeout_s: float) -> None:
     """`sweep --cluster`: the cells as tasks on the cluster's workers, each committed here as
     it ends, with the fleet's progress."""
     from floorline.measure import fleet
@@ -453,7 +467,8 @@ def fleet_sweep(keys, db: Path, cluster: str, device: str, gpu, force: bool, see
                 bar.advance(task)
 
             fleet.sweep(f, store, todo, device, gpu, seed=seed,
-                        trust_remote_code=trust_remote_code, on_start=on_start, on_done=on_done)
+                        trust_remote_code=trust_remote_code, timeout_s=timeout_s,
+                        on_start=on_start, on_done=on_done)
     wanted = {(k.model, k.ctx, k.path, k.steps, k.warmup) for k in keys}
     rows = [r for r in store.rows() if r["fingerprint_key"] in env_keys
             and (r["model"], r["ctx"], r["path"], r["steps"], r["warmup"]) in wanted]
@@ -479,6 +494,7 @@ def ab(
     device: DEVICE_OPTION = None,
     gpu: GPU_OPTION = None,
     trust_remote_code: TRUST_OPTION = False,
+    timeout: TIMEOUT_OPTION = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     cluster: Annotated[Optional[str], typer.Option(help="Spread the sessions over a Dask cluster's workers, as `sweep --cluster` does (workers of one kind of GPU).")] = None,
 ) -> None:
@@ -492,13 +508,14 @@ def ab(
     from floorline.store import Store
 
     warmup_count = parse_count(warmup, "--warmup", 0)
+    timeout_s = parse_timeout(timeout)
     device = check_device(device) if cluster is None else fleet_device(device, cluster)
 
     def make_plan(gpu_name: str) -> Plan:
         return Plan(parse_path(a).name, parse_path(b).name, model, one_context(ctx, "ab"),
                     device, gpu_name, sessions, steps, block, warmup_count,
                     random.SystemRandom().randrange(2**31) if seed is None else seed,
-                    trust_remote_code)
+                    trust_remote_code, timeout_s)
 
     with contextlib.ExitStack() as stack:
         if cluster is None:
@@ -609,22 +626,31 @@ def explain_cmd(
     db: DB_OPTION = Path("floorline.db"),
     device: DEVICE_OPTION = None,
     gpu: GPU_OPTION = None,
+    timeout: TIMEOUT_OPTION = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
     """Where each millisecond of one cell goes: kernels, busy time, gaps, time per class."""
-    from floorline.measure.explain import check_context, explain
+    from floorline.measure.explain import check_context, explain_in_child
     from floorline.measure.fingerprint import environment, fingerprint_key
+    from floorline.measure.runner import ChildFailed
     from floorline.paths import parse_path, require_available
     from floorline.store import Store
 
     warmup_count = parse_count(warmup, "--warmup", 0)
+    timeout_s = parse_timeout(timeout)
     device = check_device(device)
     context = one_context(ctx, "explain")
     require_available(parse_path(path), device)
     gpu_spec = resolve_gpu(gpu, device)
     check_context(model, context, path, gpu_spec, steps, warmup_count)
     store = Store(db)
-    result = explain(model, context, path, device, gpu_spec, steps, warmup_count)
+    try:
+        result = explain_in_child(model, context, path, device, gpu_spec, steps, warmup_count,
+                                  timeout_s=timeout_s)
+    except ChildFailed as e:
+        err.print(f"floorline: error: explaining {path} at ctx {context} failed: {e.reason}",
+                  highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(1) from None
     env = environment(device)
     store.add_explanation(result, env, fingerprint_key(env))
     if as_json:

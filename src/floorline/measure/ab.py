@@ -16,7 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from floorline.errors import FloorlineError
-from floorline.measure.session import Job, decode_steps, run_fresh, shared_base
+from floorline.measure.runner import TIMEOUT_S
+from floorline.measure.session import Job, job_budget, run_fresh, shared_base
+from floorline.models import resolve_model
+from floorline.paths import parse_path, require_available
 from floorline.stats import Interval, mean_interval, summarise
 
 
@@ -34,6 +37,7 @@ class Plan:
     warmup: int | None = None  # None: until steady
     seed: int = 0
     trust_remote_code: bool = False
+    timeout_s: float = TIMEOUT_S  # per session process
 
     @property
     def paired(self) -> bool:
@@ -146,11 +150,11 @@ def _job(plan: Plan, arms: tuple[str, ...], seed: int) -> Job:
                seed, trust_remote_code=plan.trust_remote_code)
 
 
-def run_session(plan: Plan, index: int, worker: list[str] | None = None) -> SessionResult:
+def run_session(plan: Plan, index: int) -> SessionResult:
     """Session `index`: one fresh process (paired) or two, in a seeded random order (unpaired)."""
     seed = plan.seed * 1_000_003 + index
     if plan.paired:
-        out = run_fresh(_job(plan, (plan.a, plan.b), seed), worker)
+        out = run_fresh(_job(plan, (plan.a, plan.b), seed), plan.timeout_s)
         if "error" in out:
             return SessionResult(index, "failed", out["error"])
         return SessionResult(index, "ok", None, out["first_arm"], *out["samples_ms"],
@@ -158,7 +162,7 @@ def run_session(plan: Plan, index: int, worker: list[str] | None = None) -> Sess
     order = [plan.a, plan.b] if random.Random(seed).randrange(2) == 0 else [plan.b, plan.a]
     arms = {}
     for arm in order:
-        out = run_fresh(_job(plan, (arm,), seed), worker)
+        out = run_fresh(_job(plan, (arm,), seed), plan.timeout_s)
         if "error" in out:
             return SessionResult(index, "failed", f"{arm}: {out['error']}", order[0])
         arms[arm] = out
@@ -181,10 +185,6 @@ def summarise_sessions(plan: Plan, sessions: list[SessionResult]) -> ABSummary:
 
 
 def check_plan(plan: Plan) -> None:
-    from floorline.measure.cell import fit_prompt
-    from floorline.models import resolve_model
-    from floorline.paths import parse_path, require_available
-
     model = resolve_model(plan.model, plan.trust_remote_code)
     for arm in (plan.a, plan.b):
         require_available(parse_path(arm), plan.device)
@@ -192,16 +192,16 @@ def check_plan(plan: Plan) -> None:
         raise FloorlineError("sessions, steps and block must be at least 1")
     if plan.warmup is not None and plan.warmup < 0:
         raise FloorlineError("warm-up must be 'auto' or at least 0")
-    fit_prompt(plan.ctx, decode_steps(_job(plan, (plan.a, plan.b), 0), model.max_context),
-               model.max_context)
+    # A context that leaves no room for a session's steps is refused here.
+    for arms in [(plan.a, plan.b)] if plan.paired else [(plan.a,), (plan.b,)]:
+        job_budget(_job(plan, arms, 0), model.max_context)
 
 
-def run_ab(plan: Plan, on_session: Callable[[SessionResult], None] = lambda s: None,
-           worker: list[str] | None = None) -> ABSummary:
+def run_ab(plan: Plan, on_session: Callable[[SessionResult], None] = lambda s: None) -> ABSummary:
     check_plan(plan)
     sessions = []
     for index in range(plan.sessions):
-        result = run_session(plan, index, worker)
+        result = run_session(plan, index)
         on_session(result)
         sessions.append(result)
     return summarise_sessions(plan, sessions)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 from dataclasses import asdict, dataclass, field
 
-from floorline.errors import FloorlineError, one_line
+from floorline.errors import FloorlineError, exception_line, out_of_memory
 from floorline.hardware import DeviceSpec
 from floorline.measure.energy import NO_READING, open_meter
 from floorline.measure.fingerprint import clocks
@@ -58,6 +58,14 @@ class CellResult:
     floor: dict | None = None
     details: dict = field(default_factory=dict)
 
+    def as_dict(self) -> dict:
+        """Every field, JSON-able: how a cell comes back from its child process."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CellResult:
+        return cls(**{**data, "key": CellKey(**data["key"])})
+
     @property
     def fraction_of_floor(self) -> float | None:
         if self.summary is None or self.floor is None:
@@ -71,14 +79,6 @@ class CellResult:
         return self.floor["total_bytes"] / (self.summary["median_ms"] * 1e6)
 
 
-def _is_out_of_memory(e: BaseException) -> bool:
-    import torch
-
-    return isinstance(e, torch.cuda.OutOfMemoryError) or (
-        isinstance(e, RuntimeError) and "can't allocate memory" in str(e)
-    )
-
-
 def fit_prompt(ctx: int, decode: int, limit: int | None) -> int:
     """Prompt tokens for a cell at `ctx` whose session then runs `decode` steps: ctx, or, where
     that passes the model's limit but ctx does not, fewer, so that the last step takes the
@@ -89,6 +89,27 @@ def fit_prompt(ctx: int, decode: int, limit: int | None) -> int:
         raise FloorlineError(f"context above the model's limit: ctx {ctx} with {decode} decode "
                              f"steps does not fit in {limit} positions")
     return limit - decode
+
+
+@dataclass(frozen=True)
+class Budget:
+    plan: StepPlan  # each arm's warm-up and timing, automatic caps cut to fit the model
+    prompt: int  # prompt tokens
+    decode: int  # the most steps run after the prompt
+    graph: int  # of which the graph's warm-up before capture
+
+
+def step_budget(plan: StepPlan, ctx: int, limit: int | None, *, graphs: bool, arms: int = 1,
+                extra: int = 0) -> Budget:
+    """The positions a session needs after its prompt: the graph's warm-up before capture, each
+    arm's warm-up (an automatic one at most its cap) and timed steps, and `extra` steps (those a
+    profiler runs). Where the model's `limit` is short, automatic caps are cut to fit first,
+    then the prompt is shortened (fit_prompt)."""
+    graph = GRAPH_WARMUP_STEPS if graphs else 0
+    if limit is not None:
+        plan = plan.within((limit - ctx - graph - extra) // arms)
+    decode = graph + arms * (plan.most_warmup + plan.most_steps) + extra
+    return Budget(plan, fit_prompt(ctx, decode, limit), decode, graph)
 
 
 def floor_problem(f) -> str | None:
@@ -108,14 +129,13 @@ def check_floor(f):
     return f
 
 
-def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
-                 trust_remote_code: bool = False) -> CellResult:
-    """Measure one cell; every failure a user can meet comes back as an invalid cell."""
-    import torch
-
+def prepare_cell(key: CellKey, model, device: str, gpu: DeviceSpec,
+                 seed: int) -> tuple[CellResult, Budget | None]:
+    """The cell of `model` (resolved) before it runs: invalid, with its floor and what it will
+    run, and its budget; no budget, and the reason, where it cannot run here (a floor of
+    impossible bytes, no room for its steps, a path unavailable). Cheap: no model is built."""
     spec = parse_path(key.path)
     path = REGISTRY[spec.base]
-    model = resolve_model(key.model, trust_remote_code)
     cell = CellResult(key, gpu.name, INVALID)
     cell_floor = floor(model, gpu, key.ctx, path.weight_format, path.kv_dtype)
     cell.floor = cell_floor.as_dict()
@@ -133,36 +153,44 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
         cell.details["compile_mode"] = compile_mode(device)
     cell.reason = floor_problem(cell_floor)
     if cell.reason:
-        return cell
+        return cell, None
     # Room for the most steps the plan may run; the details say how many cached tokens the
     # first and the last timed step read (the floor counts ctx).
-    graph_steps = GRAPH_WARMUP_STEPS * spec.graphs
-    plan = key.plan
-    if model.max_context is not None:
-        plan = plan.within(model.max_context - key.ctx - graph_steps)
     try:
-        prompt = fit_prompt(key.ctx, graph_steps + plan.most_warmup + plan.most_steps,
-                            model.max_context)
+        budget = step_budget(key.plan, key.ctx, model.max_context, graphs=spec.graphs)
     except FloorlineError as e:
         cell.reason = str(e)
-        return cell
-    cell.details.update(prompt_tokens=prompt, **plan.describe())
+        return cell, None
+    cell.details.update(prompt_tokens=budget.prompt, **budget.plan.describe())
     reason = unavailable(spec, device)
     if reason is not None:
         cell.reason = f"path unavailable: {reason}"
+        return cell, None
+    return cell, budget
+
+
+def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
+                 trust_remote_code: bool = False) -> CellResult:
+    """Measure one cell (in the runner's child process): open the path, prefill, warm up, time
+    and close; every failure a user can meet comes back as an invalid cell."""
+    import torch
+
+    model = resolve_model(key.model, trust_remote_code)
+    cell, budget = prepare_cell(key, model, device, gpu, seed)
+    if budget is None:
         return cell
+    spec, prompt = parse_path(key.path), budget.prompt
     session = None
     try:
         with torch.no_grad():
-            session = open_session(spec, model, device, prompt + graph_steps + plan.most_warmup
-                                   + plan.most_steps, seed)
+            session = open_session(spec, model, device, prompt + budget.decode, seed)
             session.prefill(prompt)
             cell.details.update(session.prefill_details())
             meter, note = open_meter(device)
-            timing = run_plan(session.step, device, plan, meter)
+            timing = run_plan(session.step, device, budget.plan, meter)
             cell.details["clocks_after_timing"] = clocks(device)
         cell.samples_ms = timing.samples_ms
-        first = prompt + graph_steps + timing.warmup_steps
+        first = prompt + budget.graph + timing.warmup_steps
         cell.details.update(timing.details(),
                             timed_steps_read=[first, first + len(timing.samples_ms) - 1])
         if timing.energy is not None:
@@ -176,8 +204,8 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
     except FloorlineError as e:
         cell.reason = str(e)
     except Exception as e:  # the cell is lost, not the sweep: record why
-        kind = "out of memory" if _is_out_of_memory(e) else "error"
-        cell.reason = f"{kind}: {type(e).__name__}: {one_line(e)}"
+        kind = "out of memory" if out_of_memory(e) else "error"
+        cell.reason = f"{kind}: {exception_line(e)}"
     finally:
         if session is not None:
             session.close()

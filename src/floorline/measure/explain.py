@@ -9,19 +9,21 @@ A step's median time (timed without the profiler) splits into:
 Kernel durations come from the profiler, which barely stretches them; the profiled timeline
 (first kernel start to last kernel end) is reported beside, since tracing slows the host and so
 stretches the gaps. On the CPU, "kernels" are aten operators (own time) on the host's timeline.
+The cell runs in a fresh process through the runner (measure/runner.py), as a sweep's cells do.
 """
 
 from __future__ import annotations
 
 import os
 from collections import defaultdict
+from dataclasses import asdict
 
 from floorline.hardware import DeviceSpec
-from floorline.measure.cell import check_floor, fit_prompt
+from floorline.measure.cell import Budget, check_floor, step_budget
+from floorline.measure.runner import TIMEOUT_S, run_in_child
 from floorline.measure.timer import StepPlan, run_plan
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, open_session, parse_path
-from floorline.paths.base import GRAPH_WARMUP_STEPS
 from floorline.stats import summarise
 from floorline.traffic import WEIGHT_FORMATS, count_parameters, floor
 
@@ -104,17 +106,11 @@ def decompose(classes: dict[str, dict], events, steps: int, median_ms: float,
     }
 
 
-def step_plan(steps: int, warmup: int | None, ctx: int, limit: int | None) -> StepPlan:
-    """The timed steps' plan; an automatic warm-up's cap cut to the model's `limit` of positions
-    left after ctx, the timed steps and the profiled ones."""
-    plan = StepPlan(warmup, steps)
-    return plan if limit is None else plan.within(limit - ctx - GRAPH_WARMUP_STEPS - steps)
-
-
-def decode_steps(plan: StepPlan) -> int:
-    """Steps run after the prompt: graph warm-up, warm-up (automatic: at most its cap), the
-    timed steps and the profiled ones."""
-    return GRAPH_WARMUP_STEPS + plan.most_warmup + 2 * plan.most_steps
+def budget(path: str, steps: int, warmup: int | None, ctx: int, limit: int | None) -> Budget:
+    """Warm-up, the timed steps and as many profiled ones after them, within the model's
+    `limit` of positions."""
+    return step_budget(StepPlan(warmup, steps), ctx, limit, graphs=parse_path(path).graphs,
+                       extra=steps)
 
 
 def check_context(model_name: str, ctx: int, path: str, gpu: DeviceSpec, steps: int,
@@ -122,8 +118,7 @@ def check_context(model_name: str, ctx: int, path: str, gpu: DeviceSpec, steps: 
     """One line where the sweep would call this cell invalid: a context (with the steps run
     after it) above the model's positions, or a floor of impossible bytes."""
     model = resolve_model(model_name)
-    fit_prompt(ctx, decode_steps(step_plan(steps, warmup, ctx, model.max_context)),
-               model.max_context)
+    budget(path, steps, warmup, ctx, model.max_context)
     runtime = REGISTRY[parse_path(path).base]
     check_floor(floor(model, gpu, ctx, runtime.weight_format, runtime.kv_dtype))
 
@@ -140,16 +135,14 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     *linears, head = count_parameters(model).matrix_shapes
     matrix_bytes = sum(fmt.linear_bytes(o, i) for o, i in linears) + fmt.head_bytes(*head)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    plan = step_plan(steps, warmup, ctx, model.max_context)
-    decode = decode_steps(plan)
-    prompt = fit_prompt(ctx, decode, model.max_context)
+    fit = budget(path, steps, warmup, ctx, model.max_context)
     # Kineto writes its own start and stop lines to stderr unless told otherwise.
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")
     with torch.no_grad():
-        session = open_session(spec, model, device, prompt + decode, seed)
+        session = open_session(spec, model, device, fit.prompt + fit.decode, seed)
         try:
-            session.prefill(prompt)
-            timing = run_plan(session.step, device, plan)
+            session.prefill(fit.prompt)
+            timing = run_plan(session.step, device, fit.plan)
             median = summarise(timing.samples_ms).median_ms
             with profile(activities=activities) as prof:
                 for _ in range(steps):
@@ -169,3 +162,18 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
         "decomposition": decompose(classes, events, steps, median, f.floor_ms),
         "classes": classes,
     }
+
+
+def explain_job(gpu: dict, **args) -> dict:
+    """explain inside the runner's child."""
+    return explain(gpu=DeviceSpec(**gpu), **args)
+
+
+def explain_in_child(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
+                     steps: int = 16, warmup: int | None = None, seed: int = 0,
+                     timeout_s: float = TIMEOUT_S) -> dict:
+    """explain in a fresh process; runner.ChildFailed where that process fails."""
+    return run_in_child("floorline.measure.explain:explain_job",
+                        {"model_name": model_name, "ctx": ctx, "path": path, "device": device,
+                         "gpu": asdict(gpu), "steps": steps, "warmup": warmup, "seed": seed},
+                        timeout_s)

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from floorline.errors import FloorlineError, one_line
 from floorline.hardware import DeviceSpec
 from floorline.measure.ab import ABSummary, Plan, SessionResult, run_session, summarise_sessions
-from floorline.measure.cell import INVALID, CellKey, CellResult, measure_cell
+from floorline.measure.cell import INVALID, CellKey, CellResult
 from floorline.measure.fingerprint import environment, fingerprint_key
+from floorline.measure.runner import TIMEOUT_S, run_cell_in_child
 from floorline.store import Store
 
 GPU = "GPU"  # the Dask resource a worker holds one of per GPU; every cell's task needs one
@@ -39,9 +40,10 @@ WORKER_CONFIG = {"distributed.worker.profile.enabled": False}
 
 
 def measure_one(key: CellKey, device: str, gpu: DeviceSpec, seed: int,
-                trust_remote_code: bool) -> CellResult:
-    """One cell measured on this worker: the one place a fleet task calls the cell runner."""
-    return measure_cell(key, device, gpu, seed, trust_remote_code)
+                trust_remote_code: bool, timeout_s: float) -> CellResult:
+    """One cell measured on this worker, in a fresh process of its own as in a sweep here: the
+    one place a fleet task calls the cell runner."""
+    return run_cell_in_child(key, device, gpu, seed, trust_remote_code, timeout_s)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class Task:
     gpu: DeviceSpec | None  # --gpu's spec for the floor; None: the worker detects its own
     seed: int = 0
     trust_remote_code: bool = False
+    timeout_s: float = TIMEOUT_S  # the cell's process
 
 
 @dataclass
@@ -108,7 +111,7 @@ def run_task(task: Task, measure: Callable[..., CellResult] = measure_one) -> Me
     gpu = worker_gpu(task.device, task.gpu)
     env = environment(task.device)
     name = announce(gpu.name)
-    cell = measure(task.key, task.device, gpu, task.seed, task.trust_remote_code)
+    cell = measure(task.key, task.device, gpu, task.seed, task.trust_remote_code, task.timeout_s)
     cell.details["worker"] = {"name": name, "host": socket.gethostname()}
     return Measured(cell, env, fingerprint_key(env), name)
 
@@ -334,7 +337,7 @@ def dispatch(fleet: Fleet, items: list, call: Callable[[object], tuple], device:
 
 def sweep(fleet: Fleet, store: Store, keys: list[CellKey], device: str,
           gpu: DeviceSpec | None = None, *, seed: int = 0, trust_remote_code: bool = False,
-          attempts: int = ATTEMPTS, on_start: Callable[[CellKey, Started], None] | None = None,
+          timeout_s: float = TIMEOUT_S, attempts: int = ATTEMPTS, on_start: Callable[[CellKey, Started], None] | None = None,
           on_done: Callable[[CellKey, CellResult, str, str], None] | None = None,
           task_fn: Callable[[Task], Measured] = run_task) -> None:
     """Measures every cell of `keys` on the fleet, committing each as its task ends (a cell
@@ -349,7 +352,8 @@ def sweep(fleet: Fleet, store: Store, keys: list[CellKey], device: str,
         done(key, Measured(lost_cell(key, tries, worker), worker["env"], worker["env_key"],
                            worker["name"]))
 
-    dispatch(fleet, keys, lambda key: (task_fn, Task(key, device, gpu, seed, trust_remote_code)),
+    dispatch(fleet, keys,
+             lambda key: (task_fn, Task(key, device, gpu, seed, trust_remote_code, timeout_s)),
              device, gpu, attempts=attempts, on_result=done, on_lost=lost, on_start=on_start)
 
 

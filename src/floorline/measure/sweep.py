@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from itertools import product
 
 from floorline.hardware import DeviceSpec
-from floorline.measure.cell import CellKey, CellResult, measure_cell
+from floorline.measure.cell import CellKey, CellResult
 from floorline.measure.fingerprint import environment, fingerprint_key
+from floorline.measure.runner import TIMEOUT_S, run_cell_in_child
 from floorline.models import resolve_model
 from floorline.models.zoo import DEMO_MODELS, STUDY_MODELS
 from floorline.paths import parse_path
@@ -44,12 +45,14 @@ def check_grid(grid: Grid, trust_remote_code: bool) -> Grid:
 
 
 class Sweep:
-    """Measures cells into `store`, skipping those already valid under this environment."""
+    """Measures cells into `store`, each in a fresh process (measure/runner.py), skipping those
+    already valid under this environment."""
 
     def __init__(self, store: Store, device: str, gpu: DeviceSpec, *, force: bool = False,
-                 seed: int = 0, trust_remote_code: bool = False):
+                 seed: int = 0, trust_remote_code: bool = False, timeout_s: float = TIMEOUT_S):
         self.store, self.device, self.gpu = store, device, gpu
         self.force, self.seed, self.trust_remote_code = force, seed, trust_remote_code
+        self.timeout_s = timeout_s
         self.env = environment(device)
         self.env_key = fingerprint_key(self.env)
 
@@ -57,6 +60,7 @@ class Sweep:
         """The cell, committed to the database as soon as it ends; None when skipped."""
         if not self.force and self.store.has_valid(key, self.env_key):
             return None
-        result = measure_cell(key, self.device, self.gpu, self.seed, self.trust_remote_code)
+        result = run_cell_in_child(key, self.device, self.gpu, self.seed,
+                                   self.trust_remote_code, self.timeout_s)
         self.store.add(result, self.env, self.env_key)
         return result

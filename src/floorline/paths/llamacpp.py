@@ -6,8 +6,8 @@ cache directory (FLOORLINE_CACHE, default ~/.cache/floorline) and reused. Every 
 cache in f16, flash attention as llama.cpp decides (auto). A step is one llama_decode of one
 token, llama_synchronize, and greedy argmax over the logits on the host: llama.cpp's own step,
 synchronous, so the timer's events bracket all of it. llama.cpp replays its own CUDA graphs
-inside llama_decode, so floorline's +graphs and +compile do not apply. The file is loaded once in
-a child process first, so that a llama.cpp that dies loading it is an invalid cell.
+inside llama_decode, so floorline's +graphs and +compile do not apply. A llama.cpp that dies
+loading the file takes only its cell's process with it (measure/runner.py).
 """
 
 from __future__ import annotations
@@ -15,14 +15,12 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path as FilePath
 
 from floorline.errors import FloorlineError
 from floorline.localcache import cache_dir
-from floorline.paths.base import Path, PathUnavailable, Session
+from floorline.paths.base import Path, Session
 from floorline.paths.quantised import library_missing, library_version
 
 N_BATCH = 2048  # prefill tokens per llama_decode call, llama.cpp's default
@@ -91,36 +89,6 @@ def model_params(L, device: str):
     params = L.llama_model_default_params()
     params.n_gpu_layers = -1 if device.startswith("cuda") else 0
     return params
-
-
-# Loads the file onto the cell's device as the session will (once per file, seconds). A broken
-# llama.cpp build kills the process it runs in (seen on the H200: a CUDA build segfaulting in
-# print_info, docs/results-h200.md): a sweep must lose that cell, not the rest of its grid.
-_PROBE = """
-import sys
-from floorline.paths.llamacpp import load_llama_cpp, model_params
-L = load_llama_cpp(sys.argv[2])
-L.llama_model_load_from_file(sys.argv[1].encode(), model_params(L, sys.argv[2]))
-"""
-_probed: set[tuple[str, str]] = set()
-
-
-def probe_load(file: FilePath, device: str) -> None:
-    """Loads `file` once per process in a child first; a child killed by a signal makes the
-    cell invalid with that signal. Any other failure is left to the real load to report."""
-    if (str(file), device) in _probed:
-        return
-    try:
-        code = subprocess.run([sys.executable, "-c", _PROBE, str(file), device],
-                              capture_output=True, timeout=600).returncode
-    except subprocess.TimeoutExpired:
-        raise PathUnavailable(f"llama.cpp did not load {file.name} within 10 min in a probe "
-                              "process") from None
-    if code < 0:
-        raise PathUnavailable(f"llama.cpp died of {signal.Signals(-code).name} loading "
-                              f"{file.name} in a probe process: a broken build, or a file it cannot "
-                              "read (docs/results-h200.md: building llama.cpp with CUDA)")
-    _probed.add((str(file), device))
 
 
 class LlamaCppSession(Session):
@@ -219,6 +187,4 @@ class LlamaCppPath(Path):
         if device.startswith("cuda") and not L.llama_supports_gpu_offload():
             raise FloorlineError("this llama-cpp-python was built without GPU support; rebuild it "
                                  "with CMAKE_ARGS=-DGGML_CUDA=on")
-        file = gguf_file(model, self.fmt, seed)
-        probe_load(file, device)
-        return LlamaCppSession(L, file, device, capacity, seed)
+        return LlamaCppSession(L, gguf_file(model, self.fmt, seed), device, capacity, seed)

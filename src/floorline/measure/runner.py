@@ -1,0 +1,139 @@
+"""One runner for every measurement: a job in a fresh child process, one result back.
+
+The parent runs `python -m floorline.measure.runner JOB_JSON`, where the job names a function
+("module:function") and its keyword arguments; the child calls it and prints its JSON-able
+result on one tagged line. A sweep's cell, an A/B session and an explanation all run this way,
+so that a native library that crashes, hangs or runs out of memory loses that one job, not the
+command: the job comes back as a failure naming the cause.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import asdict
+
+from floorline.errors import FloorlineError, exception_line, one_line, out_of_memory
+from floorline.hardware import DeviceSpec
+from floorline.measure.cell import CellKey, CellResult, measure_cell, prepare_cell
+from floorline.models import resolve_model
+
+# The child's command, before the job; tests point it at a script that misbehaves.
+CHILD = [sys.executable, "-m", "floorline.measure.runner"]
+RESULT_TAG = "floorline-child-result "
+# Long enough for a 7-8B model's load, compilation and a long prompt on a GPU; a CPU demo cell
+# takes seconds.
+TIMEOUT_S = 1800.0
+OOM_HINTS = ("MemoryError", "OutOfMemoryError", "out of memory", "can't allocate memory")
+
+
+class ChildFailed(Exception):
+    """The child returned no result: the reason names the cause."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def failure(returncode: int, stderr: str) -> str:
+    """Why a child that printed no result ended: a signal, memory, or an exit code with the
+    last line it wrote to stderr."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    last = f": {lines[-1]}" if lines else ""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        # The kernel's OOM killer sends SIGKILL and leaves no message.
+        return f"killed by {name}" + (" (perhaps out of memory)" if name == "SIGKILL" else "")
+    if any(hint in (lines[-1] if lines else "") for hint in OOM_HINTS):
+        return f"out of memory{last}"
+    return f"exit code {returncode}{last}"
+
+
+def run_in_child(target: str, args: dict, timeout_s: float = TIMEOUT_S) -> dict:
+    """`target(**args)` ("module:function", returning a JSON-able dict) in a fresh process:
+    its result. ChildFailed where the child died by a signal, ran out of memory, ran past
+    `timeout_s`, raised, or ended without a result."""
+    job = json.dumps({"target": target, "args": args})
+    # Its own process group, so that a timeout stops whatever the child started as well.
+    proc = subprocess.Popen(CHILD + [job], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        raise ChildFailed(f"timed out after {timeout_s:g} s") from None
+    except BaseException:  # Ctrl-C reaches only the parent's process group
+        _stop(proc)
+        raise
+    for line in stdout.splitlines():
+        if line.startswith(RESULT_TAG):
+            out = json.loads(line[len(RESULT_TAG):])
+            if "error" in out:
+                raise ChildFailed(out["error"])
+            return out["result"]
+    raise ChildFailed(failure(proc.returncode, stderr))
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()
+
+
+def run_cell_in_child(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
+                      trust_remote_code: bool = False,
+                      timeout_s: float = TIMEOUT_S) -> CellResult:
+    """One cell measured in a fresh process (measure_cell). A cell that cannot run here is
+    invalid without one; a child that fails makes an invalid cell naming the cause."""
+    cell, budget = prepare_cell(key, resolve_model(key.model, trust_remote_code), device, gpu,
+                                seed)
+    if budget is None:
+        return cell
+    args = {"key": asdict(key), "device": device, "gpu": asdict(gpu), "seed": seed,
+            "trust_remote_code": trust_remote_code}
+    try:
+        return CellResult.from_dict(run_in_child("floorline.measure.runner:cell_job", args,
+                                                 timeout_s))
+    except ChildFailed as e:
+        cell.reason = f"the cell's process failed: {e.reason}"
+        return cell
+
+
+def cell_job(key: dict, device: str, gpu: dict, seed: int, trust_remote_code: bool) -> dict:
+    """measure_cell inside the child."""
+    return measure_cell(CellKey(**key), device, DeviceSpec(**gpu), seed,
+                        trust_remote_code).as_dict()
+
+
+def die_with_parent() -> None:
+    """A parent killed outright (SIGKILL) cannot stop its child: have the kernel do it, so that
+    no orphaned cell holds the GPU into the next run (Linux's PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+
+
+def main(argv: list[str]) -> None:
+    die_with_parent()
+    job = json.loads(argv[0])
+    module, function = job["target"].split(":")
+    try:
+        out = {"result": getattr(importlib.import_module(module), function)(**job["args"])}
+    except FloorlineError as e:  # already a sentence for the user
+        out = {"error": one_line(e)}
+    except Exception as e:  # reported to the parent as this job's failure
+        out = {"error": ("out of memory: " if out_of_memory(e) else "") + exception_line(e)}
+    print(RESULT_TAG + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,204 @@
+"""The runner: every cell in a fresh child process. A child that dies by a signal, hangs past
+its timeout or runs out of memory is an invalid cell naming the cause, and the sweep goes on."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from floorline.hardware import lookup
+from floorline.measure import runner
+from floorline.measure.cell import CellKey, step_budget
+from floorline.measure.explain import explain_in_child
+from floorline.measure.sweep import Sweep
+from floorline.measure.timer import StepPlan
+from floorline.models import resolve_model
+from floorline.store import Store
+from floorline.traffic import floor
+
+# A worker run in place of the runner's child: it misbehaves as the cell's context says, then
+# (where it is still alive) runs the real child. Memory is exhausted under a limit on the
+# process's address space 256 MiB above what it holds, so that it cannot hurt the machine.
+WORKER = '''
+import json, os, resource, signal, subprocess, sys, time
+
+def exhaust_memory():
+    pages = int(open("/proc/self/statm").read().split()[0])
+    held = pages * resource.getpagesize()
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    resource.setrlimit(resource.RLIMIT_AS, (held + (256 << 20), hard))
+    hoard = []
+    while True:
+        hoard.append(bytearray(16 << 20))
+
+job = json.loads(sys.argv[1])["args"]
+ctx = job["key"]["ctx"] if "key" in job else job["ctx"]  # a cell's or an explanation's
+if ctx == 16:
+    os.kill(os.getpid(), signal.SIGKILL)
+if ctx == 24:  # hangs, with a grandchild holding its pipes
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    open(os.environ["PIDS_FILE"], "w").write(f"{os.getpid()} {sleeper.pid}")
+    time.sleep(600)
+if ctx == 48:  # before the job: the process dies of an uncaught MemoryError
+    exhaust_memory()
+if ctx == 56:  # as a native library that dereferences a bad pointer
+    os.kill(os.getpid(), signal.SIGSEGV)
+if ctx == 32:  # inside the cell, where its session would allocate the model
+    from floorline.measure import cell
+    cell.open_session = lambda *args, **kwargs: exhaust_memory()
+from floorline.measure.runner import main
+main(sys.argv[1:])
+'''
+GPU = lookup("l4")
+
+
+@pytest.fixture
+def misbehaving_child(tmp_path, monkeypatch):
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    monkeypatch.setattr(runner, "CHILD", [sys.executable, str(worker)])
+    monkeypatch.setenv("PIDS_FILE", str(tmp_path / "pids"))
+    return tmp_path
+
+
+def key(ctx: int) -> CellKey:
+    return CellKey("tiny-llama", ctx, "hf-eager", 4, 1)
+
+
+def stored(db: Path) -> list[tuple[int, str, str | None]]:
+    return [(r["ctx"], r["status"], r["reason"]) for r in Store(db, read_only=True).rows()]
+
+
+def test_cells_whose_process_dies_are_invalid_and_the_sweep_goes_on(misbehaving_child):
+    db = misbehaving_child / "r.db"
+    sweep = Sweep(Store(db), "cpu", GPU)
+    for ctx in (16, 32, 48, 56, 40):
+        sweep.run_cell(key(ctx))
+    failed = "the cell's process failed: "
+    rows = stored(db)
+    assert rows[:4] == [
+        (16, "invalid", failed + "killed by SIGKILL (perhaps out of memory)"),
+        (32, "invalid", "out of memory: MemoryError"),  # the cell caught it and said so
+        (48, "invalid", failed + "out of memory: MemoryError"),  # its stderr's last line
+        (56, "invalid", failed + "killed by SIGSEGV"),
+    ]
+    assert rows[4] == (40, "valid", None)
+    cells = {r["ctx"]: r for r in Store(db, read_only=True).rows()}
+    assert len(cells[40]["samples_ms"]) == 4
+    # A failed cell keeps what the parent knows of it: its floor and what it was to run.
+    f = floor(resolve_model("tiny-llama"), GPU, 16)
+    assert (cells[16]["total_bytes"], cells[16]["floor_ms"]) == (f.total_bytes, f.floor_ms)
+    assert cells[16]["details"]["prompt_tokens"] == 16 and cells[16]["samples_ms"] == []
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_cell_that_hangs_is_stopped_at_its_timeout_with_what_it_started(misbehaving_child):
+    db = misbehaving_child / "r.db"
+    sweep = Sweep(Store(db), "cpu", GPU, timeout_s=5)
+    start = time.monotonic()
+    sweep.run_cell(key(24))
+    assert time.monotonic() - start < 60  # not held by the grandchild's open pipes
+    sweep.run_cell(key(16))
+    assert stored(db) == [
+        (24, "invalid", "the cell's process failed: timed out after 5 s"),
+        (16, "invalid", "the cell's process failed: killed by SIGKILL (perhaps out of memory)"),
+    ]
+    pids = [int(p) for p in (misbehaving_child / "pids").read_text().split()]
+    deadline = time.monotonic() + 10
+    while not all(gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(gone(p) for p in pids)
+
+
+def test_explain_runs_in_a_child_and_its_death_is_one_reason(misbehaving_child):
+    with pytest.raises(runner.ChildFailed, match="^killed by SIGSEGV$"):
+        explain_in_child("tiny-llama", 56, "hf-eager", "cpu", GPU, steps=2, warmup=1)
+
+
+@pytest.mark.parametrize("returncode, stderr, reason", [
+    (-11, "", "killed by SIGSEGV"),
+    (-9, "", "killed by SIGKILL (perhaps out of memory)"),
+    (-6, "terminate called after throwing\n", "killed by SIGABRT"),
+    (1, "Traceback (most recent call last):\n  ...\ntorch.OutOfMemoryError: CUDA out of memory.\n",
+     "out of memory: torch.OutOfMemoryError: CUDA out of memory."),
+    (3, "CUDA error: an illegal memory access\n\n",
+     "exit code 3: CUDA error: an illegal memory access"),
+    (1, "", "exit code 1"),
+])
+def test_how_a_child_without_a_result_is_described(returncode, stderr, reason):
+    assert runner.failure(returncode, stderr) == reason
+
+
+def test_a_cell_comes_back_from_its_child_whole():
+    five = CellKey("tiny-llama", 8, "hf-eager", 5, 1)
+    cell = runner.run_cell_in_child(five, "cpu", GPU, seed=3)
+    assert cell.key == five and cell.status == "valid" and cell.details["seed"] == 3
+    assert len(cell.samples_ms) == 5 and cell.summary["median_ms"] == sorted(cell.samples_ms)[2]
+    assert cell.fraction_of_floor == cell.floor["floor_ms"] / cell.summary["median_ms"]
+
+
+def test_one_step_budget_for_cells_sessions_and_explanations():
+    # tiny-qwen2 has 1024 positions. A sweep's cell at ctx 1000 with +graphs, automatic
+    # warm-up and 64 timed steps: 21 positions of room, so the warm-up's cap falls to its
+    # floor of two windows (64), and the prompt gives way: 1024 - (3 + 64 + 64) = 893.
+    b = step_budget(StepPlan(None, 64), 1000, 1024, graphs=True)
+    assert (b.plan.warmup_cap, b.decode, b.prompt, b.graph) == (64, 131, 893, 3)
+    # An A/B session of two arms, 8 warm-up and 16 timed steps each, no graphs: 48 steps.
+    b = step_budget(StepPlan(8, 16), 1000, 1024, graphs=False, arms=2)
+    assert (b.decode, b.prompt) == (48, 976)
+    # explain: 8 warm-up, 16 timed and 16 profiled steps; room to spare, the prompt is ctx.
+    b = step_budget(StepPlan(8, 16), 500, 1024, graphs=False, extra=16)
+    assert (b.decode, b.prompt) == (40, 500)
+    # No limit (a model without max_position_embeddings): nothing is cut.
+    b = step_budget(StepPlan(None, None), 500, None, graphs=False)
+    assert (b.plan.warmup_cap, b.plan.steps_cap, b.prompt) == (512, 2048, 500)
+
+
+def test_a_child_dies_with_its_parent(tmp_path):
+    # A parent killed outright cannot stop its child; the kernel does, so that no orphaned
+    # cell goes on holding the device.
+    (tmp_path / "sleepy.py").write_text(
+        "import os, time\n"
+        "def nap(pid_file):\n"
+        "    open(pid_file, 'w').write(str(os.getpid()))\n"
+        "    time.sleep(600)\n")
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from floorline.measure.runner import run_in_child; "
+                               f"run_in_child('sleepy:nap', {{'pid_file': {str(pid_file)!r}}})"],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])})
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.1)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while not gone(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gone(child)
+
+
+@pytest.mark.parametrize("command, value", [
+    (("sweep", "--models", "tiny-llama", "--ctx", "16"), "nan"),
+    (("ab", "--a", "hf-eager", "--b", "hf-static", "--model", "tiny-llama", "--ctx", "16"), "0"),
+    (("explain", "--model", "tiny-llama", "--ctx", "16"), "2e6"),
+])
+def test_a_bad_timeout_is_one_line(tmp_path, command, value):
+    proc = run_cli(*command, "--timeout", value, "--gpu", "l4", "--db", tmp_path / "r.db")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert f"--timeout must be from 1 to 1000000 seconds, got {float(value):g}" in lines[0]
+    assert not (tmp_path / "r.db").exists()
