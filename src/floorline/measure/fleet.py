@@ -143,7 +143,9 @@ def local_cuda_cluster(gpus: list[str]):
     pin numba and RAPIDS libraries, heavy to carry to a machine without a package registry; all
     that is needed of it is one worker per GPU with CUDA_VISIBLE_DEVICES pinned. The workers
     have no memory limit (the nanny would otherwise stop a worker loading a large model) and,
-    like the scheduler, listen on the loopback only, without a dashboard.
+    like the scheduler, listen on the loopback only; the scheduler has no dashboard, and its
+    HTTP endpoints (which it starts regardless) take a free loopback port, not 8787 on every
+    interface.
     """
     import dask
     from distributed import Nanny, Scheduler, SpecCluster
@@ -154,7 +156,7 @@ def local_cuda_cluster(gpus: list[str]):
                     "env": {"CUDA_VISIBLE_DEVICES": g}, "host": "127.0.0.1"},
     } for g in gpus}
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard": False,
-                                               "dashboard_address": None}}
+                                               "dashboard_address": "127.0.0.1:0"}}
     with dask.config.set(WORKER_CONFIG):  # the nannies pass the config to their workers
         return SpecCluster(workers=workers, scheduler=scheduler, name=f"floorline {LOCAL_CUDA}")
 
