@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import subprocess
-import tempfile
 from pathlib import Path
 
 import triton
+from engine_int4_sass import resource_usage  # beside this script
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -93,13 +91,7 @@ def compile_variant(name, kernel, types, constexprs, warps) -> dict:
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=warps, num_stages=3))
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True,
-                               text=True, check=True).stdout
-    registers, stack = (int(re.search(rf"{k}:(\d+)", usage).group(1)) for k in ("REG", "STACK"))
+    registers, stack = resource_usage(compiled.asm["cubin"])
     return {"variant": name, "registers": registers, "spilled_bytes": stack}
 
 

@@ -36,6 +36,23 @@ CONSTEXPRS = ("NORM", "SWIGLU", "GELU", "BIAS", "ACCUMULATE", "BLOCK_N", "GROUPS
               "WORDS", "PREFETCH", "SPLIT_K", "EVEN", "PDL")
 
 
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    """What Triton's bundled cuobjdump prints for a compiled kernel (-sass, -res-usage)."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def resource_usage(cubin: bytes) -> tuple[int, int]:
+    """Registers per thread and bytes spilled to the stack."""
+    usage = cuobjdump(cubin, "-res-usage")
+    registers, stack = (int(re.search(rf"{k}:(\d+)", usage).group(1)) for k in ("REG", "STACK"))
+    return registers, stack
+
+
 def compile_loop(block_n: int, groups: int, warps: int, words: int, prefetch: bool,
                  norm_swiglu: bool) -> dict:
     signature = {**POINTERS, "N": "i32", "K": "i32", "K_WORDS": "i32", "ONE": "i32", "eps": "fp32",
@@ -50,12 +67,7 @@ def compile_loop(block_n: int, groups: int, warps: int, words: int, prefetch: bo
     src = ASTSource(fn=_gemv_int4_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=warps, num_stages=3))
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True,
-                              check=True).stdout
+    sass = cuobjdump(kernel.asm["cubin"], "-sass")
     code = [(int(m.group(1), 16), m.group(2).strip())
             for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
     back = [(a, int(b.group(1), 16)) for a, t in code
@@ -64,13 +76,7 @@ def compile_loop(block_n: int, groups: int, warps: int, words: int, prefetch: bo
     body = [t for a, t in code if start <= a <= end]
     ops = collections.Counter(re.sub(r"^@!?P\d+ ", "", t).split()[0].split(".")[0] for t in body)
     weights = block_n * groups * 16 / (warps * 32) * 8 * (2 if norm_swiglu else 1)
-    tool = tool.with_name("cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True,
-                               check=True).stdout
-    registers, stack = (int(re.search(rf"{k}:(\d+)", usage).group(1)) for k in ("REG", "STACK"))
+    registers, stack = resource_usage(kernel.asm["cubin"])
     return {"block_n": block_n, "groups": groups, "warps": warps, "words": words,
             "prefetch": prefetch, "registers": registers, "spilled_bytes": stack,
             "norm_swiglu": norm_swiglu,

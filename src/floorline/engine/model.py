@@ -243,8 +243,8 @@ ATTENTION_BLOCK_T = {"bf16": 64, "fp8": 128}
 
 
 def attention_block_t(head_dim: int, kv: str = "bf16") -> int:
-    """Cached tokens per iteration: a tile of ATTENTION_BLOCK_T[kv] x 128 values, halved for
-    256-wide heads (Gemma), whose registers would otherwise spill."""
+    """Cached tokens per iteration: a tile of ATTENTION_BLOCK_T[kv] x 128 values, fewer
+    tokens for 256-wide heads (Gemma) so that a tile holds as many values."""
     return max(16, ATTENTION_BLOCK_T[kv] * 128 // max(head_dim, 128))
 PREFILL_CHUNK = 2048  # prompt tokens per prefill pass
 
