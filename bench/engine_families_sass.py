@@ -31,11 +31,12 @@ ATTENTION_TYPES = {"qkv_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "ks_p
                    "window": "i32", "qn_ptr": "*fp32", "kn_ptr": "*fp32", "eps": "fp32"}
 GEMV_TYPES = {"x_ptr": "*fp32", "w_ptr": "*bf16", "up_ptr": "*bf16", "bias_ptr": "*bf16",
               "norm_ptr": "*bf16", "scale_ptr": "*fp32", "up_scale_ptr": "*fp32",
-              "out_ptr": "*bf16", "N": "i32", "K": "i32", "eps": "fp32"}
+              "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32", "N": "i32",
+              "K": "i32", "eps": "fp32"}
 INT4_TYPES = {"x_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
               "up_ptr": "*i32", "up_s_ptr": "*fp16", "up_z_ptr": "*u8", "bias_ptr": "*bf16",
-              "norm_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32", "K": "i32", "K_WORDS": "i32",
-              "ONE": "i32", "eps": "fp32"}
+              "norm_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32",
+              "N": "i32", "K": "i32", "K_WORDS": "i32", "ONE": "i32", "eps": "fp32"}
 NORM_TYPES = {"x_ptr": "*fp32", "w_ptr": "*fp32", "h_ptr": "*fp32", "N": "i32", "eps": "fp32"}
 
 
@@ -51,16 +52,18 @@ def attention(name, heads, kv_heads, d, rot, qk_norm, windowed, fp8=False, norm_
         KV_FP8=fp8, F16_DOTS=fp8, PRECISION="tf32", PDL=True), attention_warps(d)
 
 
-def gemv_geglu(name, n, k):
+def gemv_geglu(name, n, k, split_k=1):
     return name, _gemv_kernel, GEMV_TYPES, dict(
         NORM=True, SWIGLU=True, BIAS=False, SCALE=False, GELU=True, ACCUMULATE=False,
-        BLOCK_N=8, BLOCK_K=512, SPLIT_K=1, EVEN=n % 8 == 0 and k % 512 == 0, PDL=True), 4
+        REDUCE=split_k > 1, BLOCK_N=8, BLOCK_K=512, SPLIT_K=split_k,
+        EVEN=n % 8 == 0 and k % (512 * split_k) == 0, PDL=True), 4
 
 
-def int4_geglu(name):
+def int4_geglu(name, split_k=1, gelu=True):
     return name, _gemv_int4_kernel, INT4_TYPES, dict(
-        NORM=True, SWIGLU=True, GELU=True, BIAS=False, ACCUMULATE=False, BLOCK_N=8, GROUPS=4,
-        GROUP=128, WORDS=4, PREFETCH=False, SPLIT_K=1, EVEN=True, PDL=True), 2
+        NORM=True, SWIGLU=True, GELU=gelu, BIAS=False, ACCUMULATE=False, REDUCE=split_k > 1,
+        BLOCK_N=8, GROUPS=4, GROUP=128, WORDS=4, PREFETCH=False, SPLIT_K=split_k, EVEN=True,
+        PDL=True), 2
 
 
 VARIANTS = [
@@ -75,6 +78,9 @@ VARIANTS = [
               True),
     gemv_geglu("gemv gemma-3-12b gate/up GeGLU", 15360, 3840),
     int4_geglu("gemv int4 gemma-3-12b gate/up GeGLU"),
+    # K-splits that meet in partials (the last split to arrive finishes the block)
+    gemv_geglu("gemv gemma-3-12b gate/up GeGLU, 2 splits", 15360, 3840, split_k=2),
+    int4_geglu("gemv int4 qwen2.5-7b gate/up SwiGLU, 2 splits", split_k=2, gelu=False),
     ("add_norm gemma-3-12b (hidden 3840)", _add_norm_kernel, NORM_TYPES,
      dict(BLOCK=4096, PDL=True), 16),
 ]

@@ -31,9 +31,9 @@ from floorline.engine.tuning import INT4_SHAPES
 
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "up_ptr": "*i32",
             "up_s_ptr": "*fp16", "up_z_ptr": "*u8", "bias_ptr": "*bf16", "norm_ptr": "*bf16",
-            "out_ptr": "*bf16"}
-CONSTEXPRS = ("NORM", "SWIGLU", "GELU", "BIAS", "ACCUMULATE", "BLOCK_N", "GROUPS", "GROUP",
-              "WORDS", "PREFETCH", "SPLIT_K", "EVEN", "PDL")
+            "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32"}
+CONSTEXPRS = ("NORM", "SWIGLU", "GELU", "BIAS", "ACCUMULATE", "REDUCE", "BLOCK_N", "GROUPS",
+              "GROUP", "WORDS", "PREFETCH", "SPLIT_K", "EVEN", "PDL")
 
 
 def cuobjdump(cubin: bytes, flag: str) -> str:
@@ -62,7 +62,7 @@ def compile_loop(block_n: int, groups: int, warps: int, words: int, prefetch: bo
     divisible = [*POINTERS, "N", "K", "K_WORDS"]
     attrs = {(_gemv_int4_kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in divisible}
     constexprs = dict(NORM=norm_swiglu, SWIGLU=norm_swiglu, GELU=False, BIAS=False,
-                      ACCUMULATE=False, BLOCK_N=block_n, GROUPS=groups, GROUP=128, WORDS=words,
+                      ACCUMULATE=False, REDUCE=False, BLOCK_N=block_n, GROUPS=groups, GROUP=128, WORDS=words,
                       PREFETCH=prefetch, SPLIT_K=1, EVEN=True, PDL=True)
     src = ASTSource(fn=_gemv_int4_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),

@@ -5,7 +5,8 @@ at each context. --weights int4|fp8 times the quantised GEMVs (bytes as stored) 
 against its dequantise-then-multiply reference at the real shape. --kv fp8 times decode attention
 alone on an fp8 cache (its bytes: e4m3 values and a 4-byte scale per token and kv head).
 
-    python bench/engine_kernels.py --model qwen2.5-7b --ctx 2048,16384 [--weights int4] [--kv fp8] [--json out.json]
+    python bench/engine_kernels.py --model qwen2.5-7b --ctx 2048,16384 [--weights int4] [--kv fp8]
+        [--retune] [--json out.json]
 """
 
 from __future__ import annotations
@@ -160,6 +161,9 @@ def main() -> None:
     parser.add_argument("--head", default="bf16", choices=HEAD_FORMATS)
     parser.add_argument("--kv", default="bf16", choices=KV_FORMATS,
                         help="fp8: decode attention on an fp8 cache only, no GEMVs")
+    parser.add_argument("--retune", action="store_true",
+                        help="tune every GEMV shape again, ignoring the shipped table (the new "
+                             "choices go to the local table, which the engine then uses)")
     parser.add_argument("--json")
     args = parser.parse_args()
     c = DecoderConfig.from_hf(resolve_model(args.model).config)
@@ -167,7 +171,10 @@ def main() -> None:
     if args.kv == "fp8":
         rows = attention_rows(c, contexts, "fp8")
     else:
-        rows = gemv_rows(c, TritonOps("cuda"), args.weights, args.head)
+        ops = TritonOps("cuda")
+        if args.retune:
+            ops.tuner.table = {}
+        rows = gemv_rows(c, ops, args.weights, args.head)
         if args.weights == "bf16":
             rows += attention_rows(c, contexts)
     print(f"{args.model} on {torch.cuda.get_device_name()}, weights {args.weights}, head {args.head}")

@@ -3,7 +3,8 @@
 # database. Resumable: cells already valid under the same environment are skipped.
 #   bash bench/h200_engine.sh check     engine vs transformers (bf16 7B/8B logits, fp32 greedy)
 #   bash bench/h200_engine.sh kernels   each kernel's GB/s at the Qwen2.5-7B and Llama-3.1-8B shapes
-#                                       (WEIGHTS=int4|fp8 HEAD=fp8: the quantised GEMVs, checked too)
+#                                       (WEIGHTS=int4|fp8 HEAD=fp8: the quantised GEMVs, checked too;
+#                                       RETUNE=1: every shape tuned again, the shipped table ignored)
 #   bash bench/h200_engine.sh sweep     engine, hf-static+graphs, hf-static+compile+graphs cells
 #   bash bench/h200_engine.sh nopdl     engine cells without programmatic dependent launch (A/B)
 #   bash bench/h200_engine.sh probe     the card's measured read bandwidth, for "of measured"
@@ -45,7 +46,7 @@ case ${1:?stage} in
     SUFFIX=$([[ $W$H == bf16bf16 ]] || echo "_$W-head$H")
     for m in ${MODELS//,/ }; do
       python3 bench/engine_kernels.py --model "$m" --ctx "$CTX" --weights "$W" --head "$H" \
-        --json "$DEST/h200_engine_kernels_$m$SUFFIX.json"
+        ${RETUNE:+--retune} --json "$DEST/h200_engine_kernels_$m$SUFFIX.json"
     done
     # shapes tuned by this run (none where the shipped table had them all)
     if [[ -f $FLOORLINE_CACHE/engine-gemv.json ]]; then cp "$FLOORLINE_CACHE/engine-gemv.json" "$DEST/"; fi ;;

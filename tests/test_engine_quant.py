@@ -7,7 +7,7 @@ import torch
 
 from floorline.engine import quant
 from floorline.engine.check import relative_error
-from floorline.engine.kernels.gemv import GemvConfig, gemv, gemv_reference
+from floorline.engine.kernels.gemv import GemvConfig, SplitPartials, gemv, gemv_reference
 from floorline.layouts import awq, gptq
 from floorline.layouts.int4 import random_groups
 
@@ -116,20 +116,23 @@ def test_quantised_gemv_fusions_match_the_reference(fmt, group, n, config):
     w, up = _weights(fmt, n, k, g, group or 128), _weights(fmt, n, k, g, group or 128)
     x, norm, bias = _draw(k, g), _draw(k, g, torch.bfloat16), _draw(n, g, torch.bfloat16)
     h = _draw(n, g)
-    cases = ([dict(accumulate=True), dict(bias=bias, accumulate=True)] if config.split_k > 1 else
-             [dict(), dict(norm=norm, eps=1e-6, bias=bias), dict(norm=norm, eps=1e-6, up=up),
-              dict(accumulate=True)])
+    cases = [dict(), dict(norm=norm, eps=1e-6, bias=bias), dict(norm=norm, eps=1e-6, up=up),
+             dict(accumulate=True), dict(bias=bias, accumulate=True)]
+    partials = SplitPartials()
     for kwargs in cases:
-        if kwargs.get("accumulate"):
-            mine, ref = h.clone(), h.clone()
-        else:
-            mine = torch.full((n,), float("nan"), device=DEVICE)
-            ref = mine.clone()
-        gemv(x, w, mine, config=config, **kwargs)
-        gemv_reference(x, w, ref, **kwargs)
-        # int4's low nibbles are read as 1 + q/256 (16 mantissa bits left for q x): a few 1e-6
-        # per product, against 1e-1 for one misplaced nibble
-        assert relative_error(mine, ref) < (5e-5 if fmt == "int4" else 1e-5), (fmt, kwargs.keys())
+        # a split launch twice: the second finds the partials as the first left them
+        for _ in range(2 if config.split_k > 1 else 1):
+            if kwargs.get("accumulate"):
+                mine, ref = h.clone(), h.clone()
+            else:
+                mine = torch.full((n,), float("nan"), device=DEVICE)
+                ref = mine.clone()
+            gemv(x, w, mine, config=config, partials=partials, **kwargs)
+            gemv_reference(x, w, ref, **kwargs)
+            # int4's low nibbles are read as 1 + q/256 (16 mantissa bits left for q x): a few
+            # 1e-6 per product, against 1e-1 for one misplaced nibble
+            assert relative_error(mine, ref) < (5e-5 if fmt == "int4" else 1e-5), (
+                fmt, kwargs.keys())
 
 
 def test_int4_gemv_refuses_a_block_that_splits_a_group():
@@ -342,15 +345,15 @@ def test_quantised_engine_paths_are_cells_against_their_own_floor(cli, tmp_path)
 def test_int4_tuning_candidates_are_whole_groups_and_row_blocks():
     from floorline.engine.tuning import candidates, interpreter_config
 
-    for n, k in [(4608, 3584), (3584, 18944), (64, 128), (40, 384)]:
-        for accumulate in (False, True):
-            configs = candidates(n, k, accumulate, group=128)
-            assert configs
-            for c in configs:
-                groups = c.block_k // 128
-                assert c.block_k % 128 == 0 and groups & (groups - 1) == 0
-                assert c.block_n % 4 == 0
-                assert c.split_k == 1 or (accumulate and c.split_k * c.block_k <= k)
+    for k in [3584, 18944, 128, 384]:
+        configs = candidates(k, group=128)
+        assert configs
+        for c in configs:
+            groups = c.block_k // 128
+            assert c.block_k % 128 == 0 and groups & (groups - 1) == 0
+            assert c.block_n % 4 == 0
+            assert c.split_k == 1 or c.split_k * c.block_k <= k
+    assert any(c.split_k > 1 for c in candidates(3584, group=128))
     assert interpreter_config(96, group=32).block_k == 128  # 3 groups of 32 -> 4 per block
     assert interpreter_config(3584, group=128).block_k == 256
 

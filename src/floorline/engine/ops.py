@@ -31,6 +31,7 @@ class TritonOps:
 
         self.tuner = GemvTuner(device)
         self._gemv = gemv.gemv
+        self.partials = gemv.SplitPartials()
         self.attention = attention.decode_attention
         self.attention_scratch = attention.attention_scratch
         self.add_norm = norm.add_norm
@@ -40,4 +41,4 @@ class TritonOps:
         config = self.tuner.config(w, out, norm=norm is not None, up=up is not None,
                                    bias=bias is not None, accumulate=accumulate)
         self._gemv(x, w, out, config=config, norm=norm, eps=eps, up=up, bias=bias,
-                   accumulate=accumulate, act=act)
+                   accumulate=accumulate, act=act, partials=self.partials)

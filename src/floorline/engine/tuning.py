@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import triton
 
-from floorline.engine.kernels.gemv import GemvConfig, gemv
+from floorline.engine.kernels.gemv import GemvConfig, SplitPartials, gemv
 from floorline.engine.quant import Fp8Weight, Int4Weight, nbytes, quantize_fp8
 from floorline.errors import FloorlineError
 from floorline.localcache import cache_dir
@@ -28,8 +28,8 @@ from floorline.measure.timer import time_steps
 
 SHIPPED = Path(__file__).parent / "tuned"
 
-# (block_n, block_k, warps); the splits apply where the product accumulates into the residual;
-# the middle shapes are also tried with shallower and deeper software pipelines.
+# (block_n, block_k, warps), then (..., splits along K); the middle shapes are also tried with
+# shallower and deeper software pipelines.
 SHAPES = [(1, 2048, 4), (2, 1024, 4), (2, 2048, 8), (4, 512, 4), (4, 1024, 4), (4, 1024, 8),
           (8, 256, 4), (8, 512, 4), (8, 512, 8), (16, 256, 4), (16, 512, 8)]
 SPLITS = [(4, 512, 4, 2), (8, 256, 4, 2), (4, 512, 4, 4), (8, 256, 4, 4), (2, 1024, 4, 4)]
@@ -37,15 +37,14 @@ SPLITS = [(4, 512, 4, 2), (8, 256, 4, 2), (4, 512, 4, 4), (8, 256, 4, 4), (2, 10
 # groups x (16 / words) positions (group 128), so these fill a program's threads without
 # spreading over rows. Tiles that Triton 3.6 lays out without shared-memory shuffles in the loop
 # and that do not spill with the next iteration's words prefetched (read from the compiled code:
-# bench/engine_int4_sass.py); each with and without that prefetch; splits as above where the
-# product accumulates. Triton pipelines none of these loads, so the depth of its software
+# bench/engine_int4_sass.py); each with and without that prefetch; then splits as above. Triton pipelines none of these loads, so the depth of its software
 # pipeline is not tried.
 INT4_SHAPES = [(8, 4, 1, 2), (16, 4, 1, 2), (8, 8, 1, 4), (8, 8, 2, 2), (16, 8, 2, 2)]
 INT4_SPLITS = [(8, 4, 1, 2, 2), (16, 4, 1, 2, 2), (8, 4, 1, 2, 4), (16, 4, 1, 2, 4),
                (8, 4, 1, 2, 7), (16, 4, 1, 2, 7), (16, 8, 2, 2, 2)]
 
 
-def candidates(n: int, k: int, accumulate: bool, group: int | None = None) -> list[GemvConfig]:
+def candidates(k: int, group: int | None = None) -> list[GemvConfig]:
     """The tables above, blocks no wider than K (rounded up to a power of two); `group` is an
     int4 weight's group size (None for 16-bit and fp8)."""
     if group is not None:
@@ -55,13 +54,13 @@ def candidates(n: int, k: int, accumulate: bool, group: int | None = None) -> li
                               prefetch=p)
                    for bn, g, w, v, s in [(*shape, 1) for shape in INT4_SHAPES] + INT4_SPLITS
                    for p in (False, True)]
-        return list(dict.fromkeys(c for c in configs if c.fits(k, accumulate)))
+        return list(dict.fromkeys(c for c in configs if c.fits(k)))
     widest = max(16, triton.next_power_of_2(k))
     configs = [GemvConfig(bn, min(bk, widest), w) for bn, bk, w in SHAPES]
     configs += [GemvConfig(bn, bk, w, s) for bn, bk, w, s in SPLITS]
     configs += [GemvConfig(bn, min(bk, widest), w, 1, stages)
                 for bn, bk, w in SHAPES[3:6] for stages in (2, 4)]
-    return list(dict.fromkeys(c for c in configs if c.fits(k, accumulate)))
+    return list(dict.fromkeys(c for c in configs if c.fits(k)))
 
 
 def interpreter_config(k: int, group: int | None = None) -> GemvConfig:
@@ -174,11 +173,12 @@ class GemvTuner:
         extras = dict(norm=draw(k) if norm else None, eps=1e-6, bias=draw(n) if bias else None,
                       accumulate=accumulate)
         y = torch.zeros(n, dtype=out.dtype, device=self.device)
+        partials = SplitPartials()
         results = []
-        for config in candidates(n, k, accumulate, group_of(w)):
+        for config in candidates(k, group_of(w)):
             def run():
                 for m, u in mats:
-                    gemv(x, m, y, config=config, up=u, **extras)
+                    gemv(x, m, y, config=config, up=u, partials=partials, **extras)
             results.append((time_graph(run) / copies, config))
         us, best = min(results, key=lambda r: r[0])
         return best, us

@@ -5,10 +5,14 @@ One kernel serves every linear of a decode step; constexpr flags choose the fusi
   squares accumulates in the same loop that streams W; no separate pass, no normalised copy.
 - SWIGLU: the gate and up projections of the same rows in one pass, silu(W_g x) * (W_u x);
   with GELU, gelu_tanh(W_g x) * (W_u x) (Gemma's GeGLU).
-- ACCUMULATE: y is added to `out` (the fp32 residual stream) with atomics, which also lets
-  the product split along K (SPLIT_K programs per row block) when N alone cannot fill the GPU.
-  The split's partial sums then land in no fixed order: fp32 results are not bit-identical
-  from run to run (differences of fp32 rounding).
+- ACCUMULATE: y is added to `out` (the fp32 residual stream) with atomics.
+- A split along K (SPLIT_K programs per row block), for when N alone cannot fill the GPU. A
+  plain accumulating product adds each split's partial sums straight into `out`. Any other
+  product (REDUCE: one that stores, normalises or gates) adds them into fp32 partials
+  (SplitPartials) with a count of the splits arrived per row block; the last split to arrive
+  finishes the block (norm, activation, bias, store) and leaves partials and count at zero for
+  the next launch. Either way the partial sums land in no fixed order: fp32 results are not
+  bit-identical from run to run (differences of fp32 rounding).
 - BIAS: y += b (Qwen2's q/k/v bias).
 - SCALE: y *= s[row] (fp8 weights with one scale per output row; W is converted to fp32 as
   it is read).
@@ -40,17 +44,36 @@ class GemvConfig:
     words: int = 1  # int4: consecutive word positions of a group that one thread holds
     prefetch: bool = False  # int4: read the next iteration's words before this one's arithmetic
 
-    def fits(self, k: int, accumulate: bool) -> bool:
-        # A split needs the atomics of ACCUMULATE; a split smaller than a block does no work.
-        return self.split_k == 1 or (accumulate and k >= self.split_k * self.block_k)
+    def fits(self, k: int) -> bool:
+        # a split smaller than a block would leave programs with no work
+        return self.split_k == 1 or k >= self.split_k * self.block_k
+
+
+class SplitPartials:
+    """Zeroed fp32 partial sums and int32 arrival counts where the K-splits of a product that
+    does not simply accumulate meet (see the module docstring), one pair per product shape.
+    Launches of one shape share it: each leaves it at zero, and a launch waits for the one
+    before it to finish. Buffers are never freed or replaced, so that a CUDA graph that
+    captured a launch keeps pointing at live memory."""
+
+    def __init__(self):
+        self._buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, n: int, blocks: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (n, blocks, str(device))
+        if key not in self._buffers:  # gate and up sums, then each block's sum of squares
+            self._buffers[key] = (torch.zeros(2 * n + blocks, dtype=torch.float32, device=device),
+                                  torch.zeros(blocks, dtype=torch.int32, device=device))
+        return self._buffers[key]
 
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, up_ptr, bias_ptr, norm_ptr, scale_ptr, up_scale_ptr, out_ptr,
-                 N, K, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr, BIAS: tl.constexpr,
-                 SCALE: tl.constexpr, GELU: tl.constexpr,
-                 ACCUMULATE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLIT_K: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr):
+                 part_ptr, count_ptr, N, K, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr,
+                 BIAS: tl.constexpr, SCALE: tl.constexpr, GELU: tl.constexpr,
+                 ACCUMULATE: tl.constexpr, REDUCE: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
+                 PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -96,16 +119,54 @@ def _gemv_kernel(x_ptr, w_ptr, up_ptr, bias_ptr, norm_ptr, scale_ptr, up_scale_p
         y *= tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
         if SWIGLU:
             y_up *= tl.load(up_scale_ptr + rows, mask=row_ok, other=0.0)
-    _epilogue(y, y_up, tl.sum(squares, axis=0), rows, row_ok, pid_k, bias_ptr, out_ptr, K, eps,
-              NORM, SWIGLU, BIAS, ACCUMULATE, GELU)
+    _epilogue(y, y_up, tl.sum(squares, axis=0), rows, row_ok, pid_n, pid_k, bias_ptr, out_ptr,
+              part_ptr, count_ptr, N, K, eps, NORM, SWIGLU, BIAS, ACCUMULATE, GELU, REDUCE,
+              SPLIT_K)
 
 
 @triton.jit
-def _epilogue(y, y_up, sum_squares, rows, row_ok, pid_k, bias_ptr, out_ptr, K, eps,
-              NORM: tl.constexpr, SWIGLU: tl.constexpr, BIAS: tl.constexpr,
-              ACCUMULATE: tl.constexpr, GELU: tl.constexpr):
-    """What both kernels do with a block of finished dot products."""
-    if NORM:  # NORM implies SPLIT_K == 1: this program saw all of x
+def _epilogue(y, y_up, sum_squares, rows, row_ok, pid_n, pid_k, bias_ptr, out_ptr, part_ptr,
+              count_ptr, N, K, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr,
+              BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, GELU: tl.constexpr,
+              REDUCE: tl.constexpr, SPLIT_K: tl.constexpr):
+    """What both kernels do with a block of dot products: finish it, or with REDUCE add it to
+    the block's partials, and finish the block if this is the last of its splits to arrive."""
+    if REDUCE:
+        tl.atomic_add(part_ptr + rows, y, mask=row_ok, sem="relaxed")
+        if SWIGLU:
+            tl.atomic_add(part_ptr + N + rows, y_up, mask=row_ok, sem="relaxed")
+        if NORM:
+            tl.atomic_add(part_ptr + 2 * N + pid_n, sum_squares, sem="relaxed")
+        # every thread's partials before the arrival; the arrival releases them and the last
+        # one's acquires the other splits'
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            # read where the atomics landed (adding zero), then zeroed for the next launch
+            # (Triton's CPU interpreter has no floating-point exchange)
+            y = tl.atomic_add(part_ptr + rows, 0.0, mask=row_ok, sem="relaxed")
+            tl.store(part_ptr + rows, 0.0, mask=row_ok)
+            if SWIGLU:
+                y_up = tl.atomic_add(part_ptr + N + rows, 0.0, mask=row_ok, sem="relaxed")
+                tl.store(part_ptr + N + rows, 0.0, mask=row_ok)
+            if NORM:
+                sum_squares = tl.atomic_add(part_ptr + 2 * N + pid_n, 0.0, sem="relaxed")
+                tl.store(part_ptr + 2 * N + pid_n, 0.0)
+            tl.store(count_ptr + pid_n, 0)
+            _finish(y, y_up, sum_squares, rows, row_ok, pid_k, bias_ptr, out_ptr, K, eps, NORM,
+                    SWIGLU, BIAS, ACCUMULATE, GELU, True)
+    else:
+        _finish(y, y_up, sum_squares, rows, row_ok, pid_k, bias_ptr, out_ptr, K, eps, NORM,
+                SWIGLU, BIAS, ACCUMULATE, GELU, False)
+
+
+@triton.jit
+def _finish(y, y_up, sum_squares, rows, row_ok, pid_k, bias_ptr, out_ptr, K, eps,
+            NORM: tl.constexpr, SWIGLU: tl.constexpr, BIAS: tl.constexpr,
+            ACCUMULATE: tl.constexpr, GELU: tl.constexpr, WHOLE: tl.constexpr):
+    """The rest of the fusions on whole dot products (WHOLE) or, for a plain accumulating
+    product split along K, on one split's: its bias goes in with the first split."""
+    if NORM:  # whole: this program saw all of x, or the splits' squares were summed
         rstd = tl.rsqrt(sum_squares / K + eps)
         y *= rstd
         y_up *= rstd
@@ -115,7 +176,10 @@ def _epilogue(y, y_up, sum_squares, rows, row_ok, pid_k, bias_ptr, out_ptr, K, e
         y = y * tl.sigmoid(y) * y_up
     if BIAS:
         b = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-        y += tl.where(pid_k == 0, b, 0.0)
+        if WHOLE:
+            y += b
+        else:
+            y += tl.where(pid_k == 0, b, 0.0)
     if ACCUMULATE:
         tl.atomic_add(out_ptr + rows, y, mask=row_ok, sem="relaxed")
     else:
@@ -190,8 +254,9 @@ def _load_groups(w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, word_base, met
 
 @triton.jit
 def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bias_ptr, norm_ptr,
-                      out_ptr, N, K, K_WORDS, ONE, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr,
-                      BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_N: tl.constexpr,
+                      out_ptr, part_ptr, count_ptr, N, K, K_WORDS, ONE, eps, NORM: tl.constexpr,
+                      SWIGLU: tl.constexpr, BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
+                      REDUCE: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS: tl.constexpr, GROUP: tl.constexpr, WORDS: tl.constexpr,
                       PREFETCH: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
                       PDL: tl.constexpr, GELU: tl.constexpr):
@@ -284,26 +349,29 @@ def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bi
     y = tl.reshape(tl.sum(tl.sum(acc, axis=1), axis=0), (BLOCK_N,))
     y_up = tl.reshape(tl.sum(tl.sum(acc_up, axis=1), axis=0), (BLOCK_N,))
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    _epilogue(y, y_up, tl.sum(squares), rows, rows < N, pid_k, bias_ptr, out_ptr, K, eps, NORM,
-              SWIGLU, BIAS, ACCUMULATE, GELU)
+    _epilogue(y, y_up, tl.sum(squares), rows, rows < N, pid_n, pid_k, bias_ptr, out_ptr,
+              part_ptr, count_ptr, N, K, eps, NORM, SWIGLU, BIAS, ACCUMULATE, GELU, REDUCE,
+              SPLIT_K)
 
 
 ACTIVATIONS = ("silu", "gelu_tanh")  # of the gated product (`up`)
 
 
 def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None, bias=None,
-         accumulate: bool = False, act: str = "silu") -> None:
+         accumulate: bool = False, act: str = "silu",
+         partials: SplitPartials | None = None) -> None:
     """out = W x (or out += W x): see the module docstring for the fusions. W is a 16-bit
     tensor, an Fp8Weight or an Int4Weight (`up` in the same format); for int4, block_k is the K
     elements a program reads per iteration, a power-of-two number of whole groups. `act` is
-    the gate's activation where `up` is given."""
+    the gate's activation where `up` is given. A K-split of a product that does not simply
+    accumulate meets in `partials`."""
     n, k = w.shape
     if x.numel() != k or out.numel() != n:
         raise ValueError(f"W is {n}x{k}, x has {x.numel()} elements and out {out.numel()}")
-    if config.split_k > 1 and not accumulate:
-        raise ValueError("a K-split needs accumulate=True (partial sums are added atomically)")
-    if (norm is not None or up is not None) and config.split_k > 1:
-        raise ValueError("NORM and SWIGLU need the whole of x in one program (split_k=1)")
+    reduce = config.split_k > 1 and not (accumulate and norm is None and up is None)
+    if reduce and partials is None:
+        raise ValueError("a K-split of a product that stores, normalises or gates needs "
+                         "partials (SplitPartials) where its splits meet")
     if up is not None and bias is not None:
         raise ValueError("SWIGLU takes no bias")
     if up is not None and type(up) is not type(w):
@@ -313,10 +381,12 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
     if act not in ACTIVATIONS:
         raise ValueError(f"activation '{act}' is not one of {', '.join(ACTIVATIONS)}")
     flags = dict(NORM=norm is not None, SWIGLU=up is not None, BIAS=bias is not None,
-                 GELU=act == "gelu_tanh",
-                 ACCUMULATE=accumulate, BLOCK_N=config.block_n, SPLIT_K=config.split_k,
+                 GELU=act == "gelu_tanh", ACCUMULATE=accumulate, REDUCE=reduce,
+                 BLOCK_N=config.block_n, SPLIT_K=config.split_k,
                  num_warps=config.num_warps, num_stages=config.num_stages)
     grid = (triton.cdiv(n, config.block_n), config.split_k)
+    sums, counts = (partials.get(n, grid[0], out.device) if reduce
+                    else (out, out))  # unread without REDUCE
     if isinstance(w, Int4Weight):
         groups = config.block_k // w.group_size
         if groups < 1 or groups & (groups - 1) or config.block_k % w.group_size:
@@ -332,8 +402,8 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
         even = n % config.block_n == 0 and (k // w.group_size) % (config.split_k * groups) == 0
         _gemv_int4_kernel[grid](
             x, w.qweight, w.scales, w.zeros, u.qweight, u.scales, u.zeros,
-            w.scales if bias is None else bias, w.scales if norm is None else norm, out, n, k,
-            k // 8, ONE_BITS, eps, GROUPS=groups, GROUP=w.group_size, WORDS=config.words,
+            w.scales if bias is None else bias, w.scales if norm is None else norm, out, sums,
+            counts, n, k, k // 8, ONE_BITS, eps, GROUPS=groups, GROUP=w.group_size, WORDS=config.words,
             PREFETCH=config.prefetch,
             EVEN=even, **flags, **pdl_options(x))
         return
@@ -345,7 +415,8 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
     even = n % config.block_n == 0 and k % (config.split_k * config.block_k) == 0
     _gemv_kernel[grid](
         x, w, w if up is None else up, w if bias is None else bias, w if norm is None else norm,
-        w if scale is None else scale, w if up_scale is None else up_scale, out, n, k, eps,
+        w if scale is None else scale, w if up_scale is None else up_scale, out, sums, counts,
+        n, k, eps,
         SCALE=scale is not None, BLOCK_K=config.block_k, EVEN=even, **flags, **pdl_options(x))
 
 
