@@ -41,7 +41,8 @@ def test_a_missing_library_through_the_cli(tmp_path):
     # A path whose module cannot be found: the sweep records the invalid cell and goes on.
     db = tmp_path / "r.db"
     code = ("import importlib.util, sys; real = importlib.util.find_spec; "
-            "importlib.util.find_spec = lambda m, *a, **k: None if m == 'torchao' else real(m, *a, **k); "
+            "importlib.util.find_spec = "
+            "lambda m, *a, **k: None if m == 'torchao' else real(m, *a, **k); "
             "from floorline.cli import main; sys.argv = ['floorline'] + sys.argv[1:]; main()")
     import subprocess
     import sys
@@ -52,7 +53,8 @@ def test_a_missing_library_through_the_cli(tmp_path):
     assert proc.returncode == 0, proc.stderr
     message = "torchao is not installed (pip install 'floorline[torchao]')"
     assert message in " ".join(proc.stderr.split())  # the console wraps long lines
-    cells = {c["path"]: c for c in json.loads(run_cli("show", "--db", db, "--json", check=True).stdout)}
+    shown = json.loads(run_cli("show", "--db", db, "--json", check=True).stdout)
+    cells = {c["path"]: c for c in shown}
     assert cells["hf-static"]["status"] == "valid"
     assert cells["torchao-int4"]["reason"] == "path unavailable: " + message
 
@@ -65,7 +67,8 @@ def row(id, path, ms, total_bytes, status="valid", reference=None):
 
 def test_reduction_arithmetic():
     ref = {"path": "hf-static+graphs", "total_bytes": 400}
-    rows = [row(1, "hf-static+graphs", 10.0, 400), row(2, "bnb-nf4+graphs", 8.0, 100, reference=ref),
+    rows = [row(1, "hf-static+graphs", 10.0, 400),
+            row(2, "bnb-nf4+graphs", 8.0, 100, reference=ref),
             row(3, "bnb-nf4", 30.0, 100, reference={"path": "hf-static", "total_bytes": 400})]
     r = reductions(rows)
     # expected 4x (a quarter of the bytes); realised 10/8 = 1.25x; time saved 20% of the 75%
@@ -109,7 +112,8 @@ def test_bnb_nf4_logits_follow_its_dequantised_weights():
     import bitsandbytes.functional as F
 
     with torch.no_grad():
-        session = open_session(parse_path("bnb-nf4"), resolve_model("tiny-llama"), "cpu", 40, seed=2)
+        session = open_session(parse_path("bnb-nf4"), resolve_model("tiny-llama"), "cpu", 40,
+                               seed=2)
         model = session.model
         x = torch.randint(512, (1, 12), generator=torch.Generator().manual_seed(0))
         quantised = model(x).logits.float()
@@ -131,11 +135,13 @@ def test_bnb_nf4_logits_follow_its_dequantised_weights():
 def test_bnb_nf4_stores_what_its_format_counts():
     # The nf4 format's 4.5 bits/weight: 4-bit codes and one fp32 absmax per block of 64.
     with torch.no_grad():
-        session = open_session(parse_path("bnb-nf4"), resolve_model("tiny-llama"), "cpu", 40, seed=1)
+        session = open_session(parse_path("bnb-nf4"), resolve_model("tiny-llama"), "cpu", 40,
+                               seed=1)
         for m in session.model.modules():
             if type(m).__name__ == "Linear4bit":
                 state = m.weight.quant_state
-                assert m.weight.numel() * m.weight.element_size() * 2 == m.in_features * m.out_features
+                stored = m.weight.numel() * m.weight.element_size()
+                assert stored * 2 == m.in_features * m.out_features
                 assert state.blocksize == 64 and state.absmax.dtype == torch.float32
                 assert state.absmax.numel() == m.in_features * m.out_features // 64
                 assert state.nested is False  # no double quantisation: that would be nf4-dq

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -24,12 +24,21 @@ out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, soft_wrap=True)  # messages whole, never broken at 80 columns
 
 DB_OPTION = Annotated[Path, typer.Option("--db", help="Results database (SQLite).")]
-DEVICE_OPTION = Annotated[Optional[str], typer.Option(help="cuda, cuda:N or cpu; default: cuda if present.")]
-GPU_OPTION = Annotated[Optional[str], typer.Option(help="GPU for the floor (`floorline gpus`); default: detected.")]
-TRUST_OPTION = Annotated[bool, typer.Option("--trust-remote-code", help="Run a config's own model code (auto_map).")]
-WARMUP_OPTION = Annotated[str, typer.Option(help="Untimed decode steps before timing, or 'auto': until the median of 32 steps is within 1% of the 32 before (at most 512 steps or about 5 s).")]
-REL_WIDTH_OPTION = Annotated[Optional[float], typer.Option(help="With --steps auto: the width of the median's 95% interval to reach, as a fraction of the median (default 0.01).")]
-TIMEOUT_OPTION = Annotated[Optional[float], typer.Option("--timeout", help="Seconds each measuring process (one per cell or session) may run before it is stopped and its result marked as timed out (default 1800).")]
+DEVICE_OPTION = Annotated[str | None, typer.Option(
+    help="cuda, cuda:N or cpu; default: cuda if present.")]
+GPU_OPTION = Annotated[str | None, typer.Option(
+    help="GPU for the floor (`floorline gpus`); default: detected.")]
+TRUST_OPTION = Annotated[bool, typer.Option(
+    "--trust-remote-code", help="Run a config's own model code (auto_map).")]
+WARMUP_OPTION = Annotated[str, typer.Option(
+    help="Untimed decode steps before timing, or 'auto': until the median of 32 steps is within "
+         "1% of the 32 before (at most 512 steps or about 5 s).")]
+REL_WIDTH_OPTION = Annotated[float | None, typer.Option(
+    help="With --steps auto: the width of the median's 95% interval to reach, as a fraction of "
+         "the median (default 0.01).")]
+TIMEOUT_OPTION = Annotated[float | None, typer.Option(
+    "--timeout", help="Seconds each measuring process (one per cell or session) may run before it "
+                      "is stopped and its result marked as timed out (default 1800).")]
 SEED_MAX = 2**32 - 1
 STEPS_MAX = 1_000_000
 MAX_CONTEXT = 2**31 - 1  # tokens; far above any model, and within what the database stores
@@ -148,14 +157,22 @@ def model_label(name: str, width: int = 40) -> str:
         except ValueError:
             continue
     label = str(path)
-    return label if len(label) <= width or len(path.parts) <= 2 else "…/" + "/".join(path.parts[-2:])
+    if len(label) <= width or len(path.parts) <= 2:
+        return label
+    return "…/" + "/".join(path.parts[-2:])
 
 
 def progress_bar():
     """Progress on stderr with the time left, estimated from the items done so far (redrawn in
     place on a terminal; in a log, one line when it ends)."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=err)
@@ -196,8 +213,9 @@ def models() -> None:
         cfg = spec.config.get_text_config()
         counts = count_parameters(spec)
         kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        table.add_row(name, cfg.model_type, f"{counts.total / 1e9:.3f} B", str(cfg.num_hidden_layers),
-                      str(cfg.hidden_size), f"{cfg.num_attention_heads}/{kv}",
+        table.add_row(name, cfg.model_type, f"{counts.total / 1e9:.3f} B",
+                      str(cfg.num_hidden_layers), str(cfg.hidden_size),
+                      f"{cfg.num_attention_heads}/{kv}",
                       str(spec.max_context), "yes" if counts.tied else "no", SOURCES[name])
     out.print(table)
 
@@ -209,7 +227,8 @@ def gpus() -> None:
 
     table = Table("gpu", "name", "peak GB/s", "memory GB", "SMs", "source")
     for g in CATALOGUE:
-        table.add_row(g.name, g.full_name, f"{g.peak_gbps:g}", f"{g.memory_gb:g}", str(g.sms), g.source)
+        table.add_row(g.name, g.full_name, f"{g.peak_gbps:g}", f"{g.memory_gb:g}", str(g.sms),
+                      g.source)
     out.print(table)
 
 
@@ -224,9 +243,9 @@ def formats() -> None:
         per_weight = f.bits + (f.group_bits / f.group_size if f.group_size else 0)
         per_row = "" if f.group_size or not f.group_bits else f" + {f.group_bits:g} per row"
         head_rows = f" + {f.head_row_bits:g} per row" if f.head_row_bits else ""
-        table.add_row(f.name, f"{per_weight:.4g}{per_row}",
-                      str(f.group_size or "row"), f"{f.group_bits:g}", f"{f.head_bits:.4g}{head_rows}",
-                      str(f.dense_bits), f.source)
+        table.add_row(f.name, f"{per_weight:.4g}{per_row}", str(f.group_size or "row"),
+                      f"{f.group_bits:g}", f"{f.head_bits:.4g}{head_rows}", str(f.dense_bits),
+                      f.source)
     out.print(table)
 
 
@@ -249,10 +268,15 @@ def paths_cmd(device: DEVICE_OPTION = None) -> None:
 @app.command("floor")
 def floor_cmd(
     model: Annotated[str, typer.Option(help="Shipped name or local directory with config.json.")],
-    gpu: Annotated[Optional[str], typer.Option(help="Catalogue name; default: the running GPU.")] = None,
-    ctx: Annotated[Optional[list[str]], typer.Option(help="Context lengths, e.g. 2048,16384.")] = None,
-    weight_format: Annotated[str, typer.Option(help="bf16, fp16, fp32, int8, int4-g128, nf4, nf4-dq, bnb-int8, gptq-int4-g128, awq-int4-g128, gguf-bf16, gguf-q4_0 (`floorline formats`).")] = "bf16",
-    kv_dtype: Annotated[str, typer.Option(help="bf16, fp16, fp32, fp8, engine-fp8 (fp8 with an fp32 scale per token and kv head).")] = "bf16",
+    gpu: Annotated[str | None, typer.Option(
+        help="Catalogue name; default: the running GPU.")] = None,
+    ctx: Annotated[list[str] | None, typer.Option(help="Context lengths, e.g. 2048,16384.")] = None,
+    weight_format: Annotated[str, typer.Option(
+        help="bf16, fp16, fp32, int8, int4-g128, nf4, nf4-dq, bnb-int8, gptq-int4-g128, "
+             "awq-int4-g128, gguf-bf16, gguf-q4_0 (`floorline formats`).")] = "bf16",
+    kv_dtype: Annotated[str, typer.Option(
+        help="bf16, fp16, fp32, fp8, engine-fp8 (fp8 with an fp32 scale per token and kv "
+             "head).")] = "bf16",
     trust_remote_code: TRUST_OPTION = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
 ) -> None:
@@ -293,7 +317,8 @@ def floor_cmd(
 def warmup_columns(details: dict) -> list[str]:
     """Warm-up steps (marked where the step never settled before the cap) and drift."""
     steps = details.get("warmup_steps")
-    label = "-" if steps is None else f"{steps}" + (" (not steady)" if details.get("steady") is False else "")
+    unsteady = " (not steady)" if details.get("steady") is False else ""
+    label = "-" if steps is None else f"{steps}{unsteady}"
     return [label, _num(details.get("drift"), ".3f")]
 
 
@@ -356,22 +381,31 @@ def cells_table(rows: list[dict], title: str, probes: dict[str, dict]) -> Table:
 
 @app.command()
 def sweep(
-    models: Annotated[Optional[list[str]], typer.Option(help="Models (names or directories), comma-separated.")] = None,
-    ctx: Annotated[Optional[list[str]], typer.Option(help="Context lengths, comma-separated.")] = None,
-    paths: Annotated[Optional[list[str]], typer.Option(help="Paths, comma-separated (`floorline paths`).")] = None,
-    steps: Annotated[str, typer.Option(help="Timed decode steps per cell, or 'auto': until the median's 95% interval is within --rel-width (at most 2048).")] = "64",
+    models: Annotated[list[str] | None, typer.Option(
+        help="Models (names or directories), comma-separated.")] = None,
+    ctx: Annotated[list[str] | None, typer.Option(help="Context lengths, comma-separated.")] = None,
+    paths: Annotated[list[str] | None, typer.Option(
+        help="Paths, comma-separated (`floorline paths`).")] = None,
+    steps: Annotated[str, typer.Option(
+        help="Timed decode steps per cell, or 'auto': until the median's 95% interval is within "
+             "--rel-width (at most 2048).")] = "64",
     warmup: WARMUP_OPTION = "auto",
     rel_width: REL_WIDTH_OPTION = None,
     db: DB_OPTION = Path("floorline.db"),
     device: DEVICE_OPTION = None,
     gpu: GPU_OPTION = None,
-    force: Annotated[bool, typer.Option("--force", help="Re-measure cells already valid in the database.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Re-measure cells already valid in the database.")] = False,
     seed: Annotated[int, typer.Option(min=0, max=SEED_MAX)] = 0,
     trust_remote_code: TRUST_OPTION = False,
-    cluster: Annotated[Optional[str], typer.Option(help="Spread the cells over a Dask cluster: 'local-cuda' (one worker per GPU of this node) or a scheduler's address tcp://HOST:PORT whose workers each hold one GPU (started with --resources GPU=1). With it, --device is each worker's: cuda (default) or cpu.")] = None,
+    cluster: Annotated[str | None, typer.Option(
+        help="Spread the cells over a Dask cluster: 'local-cuda' (one worker per GPU of this node) "
+             "or a scheduler's address tcp://HOST:PORT whose workers each hold one GPU (started "
+             "with --resources GPU=1). With it, --device is each worker's: cuda (default) or "
+             "cpu.")] = None,
     timeout: TIMEOUT_OPTION = None,
 ) -> None:
-    """Measure a grid of cells into the results database (bare: the study's grid, or the CPU demo)."""
+    """Measure a grid of cells into the results database (bare: the study's grid, or the CPU demo)."""  # noqa: E501
     from floorline.measure.cell import key_steps, key_warmup
     from floorline.measure.sweep import Grid, Sweep, check_grid, default_grid
     from floorline.store import Store
@@ -395,8 +429,9 @@ def sweep(
     runner = Sweep(Store(db), device, device_spec, force=force, seed=seed,
                    trust_remote_code=trust_remote_code, timeout_s=timeout_s)
     if device == "cpu":
-        err.print(f"No CUDA device: running on the CPU; floor bandwidth {device_spec.peak_gbps:g} GB/s "
-                  f"{device_spec.source}", highlight=False, markup=False)
+        err.print(f"No CUDA device: running on the CPU; floor bandwidth "
+                  f"{device_spec.peak_gbps:g} GB/s {device_spec.source}", highlight=False,
+                  markup=False)
     measured = skipped = 0
     with progress_bar() as progress:
         task = progress.add_task("sweep", total=len(keys))
@@ -463,7 +498,8 @@ def fleet_sweep(keys, db: Path, cluster: str, device: str, gpu, force: bool, see
                 env_keys.add(env_key)
                 if cell.reason:
                     bar.console.print(f"invalid: {key.model} ctx={key.ctx} {key.path} on "
-                                      f"worker {worker}: {cell.reason}", highlight=False, markup=False)
+                                      f"worker {worker}: {cell.reason}", highlight=False,
+                                      markup=False)
                 bar.advance(task)
 
             fleet.sweep(f, store, todo, device, gpu, seed=seed,
@@ -483,11 +519,14 @@ def ab(
     b: Annotated[str, typer.Option("--b", help="Treatment path, e.g. hf-static+graphs.")],
     model: Annotated[str, typer.Option(help="Shipped name or local directory.")] = "qwen2.5-7b",
     ctx: Annotated[str, typer.Option(help="Context length.")] = "2048",
-    sessions: Annotated[int, typer.Option(min=1, max=STEPS_MAX, help="Fresh sessions (processes).")] = 10,
-    steps: Annotated[int, typer.Option(min=1, max=STEPS_MAX, help="Timed steps per arm per session.")] = 64,
-    block: Annotated[int, typer.Option(min=1, max=STEPS_MAX, help="Steps per block when arms alternate.")] = 8,
+    sessions: Annotated[int, typer.Option(
+        min=1, max=STEPS_MAX, help="Fresh sessions (processes).")] = 10,
+    steps: Annotated[int, typer.Option(
+        min=1, max=STEPS_MAX, help="Timed steps per arm per session.")] = 64,
+    block: Annotated[int, typer.Option(
+        min=1, max=STEPS_MAX, help="Steps per block when arms alternate.")] = 8,
     warmup: WARMUP_OPTION = "auto",
-    seed: Annotated[Optional[int], typer.Option(min=0, max=SEED_MAX,
+    seed: Annotated[int | None, typer.Option(min=0, max=SEED_MAX,
                                                 help="Seed of the arm order and the bootstrap; "
                                                      "default: drawn and recorded.")] = None,
     db: DB_OPTION = Path("floorline.db"),
@@ -496,7 +535,9 @@ def ab(
     trust_remote_code: TRUST_OPTION = False,
     timeout: TIMEOUT_OPTION = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
-    cluster: Annotated[Optional[str], typer.Option(help="Spread the sessions over a Dask cluster's workers, as `sweep --cluster` does (workers of one kind of GPU).")] = None,
+    cluster: Annotated[str | None, typer.Option(
+        help="Spread the sessions over a Dask cluster's workers, as `sweep --cluster` does "
+             "(workers of one kind of GPU).")] = None,
 ) -> None:
     """A/B of two paths over fresh sessions: speedup with a 95% BCa bootstrap interval."""
     import contextlib
@@ -557,9 +598,10 @@ def ab_sessions(plan, run, store, env: dict, env_key: str):
     sessions = plan.sessions
     plan_dict = {**plan.__dict__, "paired": plan.paired}
     experiment = store.start_ab(plan_dict, env, env_key)
-    err.print(f"A/B {plan.a} vs {plan.b}: {sessions} fresh sessions, "
-              f"{'paired (ABBA blocks in each session)' if plan.paired else 'unpaired (one process per arm)'}, "
-              f"seed {plan.seed}", highlight=False, markup=False)
+    design = ("paired (ABBA blocks in each session)" if plan.paired
+              else "unpaired (one process per arm)")
+    err.print(f"A/B {plan.a} vs {plan.b}: {sessions} fresh sessions, {design}, seed {plan.seed}",
+              highlight=False, markup=False)
 
     with progress_bar() as progress:
         task = progress.add_task("sessions", total=sessions)
@@ -580,16 +622,19 @@ def ab_sessions(plan, run, store, env: dict, env_key: str):
 
 @app.command()
 def probe(
-    model: Annotated[Optional[str], typer.Option(help="Also GEMV bandwidth at this model's layer shapes.")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="Also GEMV bandwidth at this model's layer shapes.")] = None,
     db: DB_OPTION = Path("floorline.db"),
     device: DEVICE_OPTION = None,
-    buffer_mib: Annotated[int, typer.Option(min=1, help="Size of each streamed buffer, MiB.")] = 1024,
+    buffer_mib: Annotated[int, typer.Option(
+        min=1, help="Size of each streamed buffer, MiB.")] = 1024,
     trust_remote_code: TRUST_OPTION = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
     """Measured bandwidth and launch cost of this card, stored beside the cells."""
     from floorline.measure.fingerprint import environment, fingerprint_key
-    from floorline.measure.probe import check_buffer, probe as run_probe
+    from floorline.measure.probe import check_buffer
+    from floorline.measure.probe import probe as run_probe
     from floorline.models import resolve_model
     from floorline.store import Store
 
@@ -621,7 +666,8 @@ def explain_cmd(
     model: Annotated[str, typer.Option(help="Shipped name or local directory.")] = "qwen2.5-7b",
     ctx: Annotated[str, typer.Option(help="Context length.")] = "2048",
     path: Annotated[str, typer.Option(help="Path, e.g. hf-static+graphs.")] = "hf-eager",
-    steps: Annotated[int, typer.Option(min=1, max=STEPS_MAX, help="Steps timed, then profiled.")] = 16,
+    steps: Annotated[int, typer.Option(
+        min=1, max=STEPS_MAX, help="Steps timed, then profiled.")] = 16,
     warmup: WARMUP_OPTION = "auto",
     db: DB_OPTION = Path("floorline.db"),
     device: DEVICE_OPTION = None,
@@ -659,17 +705,21 @@ def explain_cmd(
     d = result["decomposition"]
     unit = "kernels" if device.startswith("cuda") else "aten operators"
     parts = Table("part of a step", "ms", "share",
-                  title=escape(f"{model_label(result['model'])} ctx {result['ctx']} {result['path']} "
-                               f"on {result['gpu']}: {d['median_ms']:.3f} ms/step, "
+                  title=escape(f"{model_label(result['model'])} ctx {result['ctx']} "
+                               f"{result['path']} on {result['gpu']}: "
+                               f"{d['median_ms']:.3f} ms/step, "
                                f"{result['kernels_per_step']:.0f} {unit}/step"))
     for label, key in (("floor (bytes / datasheet bandwidth)", "floor_ms"),
-                       ("bandwidth lost in matrix-vector and attention kernels", "lost_in_kernels_ms"),
-                       ("the rest of the kernels (norms, rotary, elementwise, sampling)", "other_kernels_ms"),
+                       ("bandwidth lost in matrix-vector and attention kernels",
+                        "lost_in_kernels_ms"),
+                       ("the rest of the kernels (norms, rotary, elementwise, sampling)",
+                        "other_kernels_ms"),
                        ("launch and idle (median less kernel time)", "launch_and_idle_ms")):
         parts.add_row(label, f"{d[key]:.3f}", f"{d[key] / d['median_ms']:.1%}")
     out.print(parts)
-    out.print(f"under the profiler the step's timeline stretched to {d['profiled_timeline_ms']:.3f} ms "
-              f"(kernels busy {d['busy_union_ms']:.3f} ms of it)", highlight=False)
+    out.print(f"under the profiler the step's timeline stretched to "
+              f"{d['profiled_timeline_ms']:.3f} ms (kernels busy {d['busy_union_ms']:.3f} ms of "
+              f"it)", highlight=False)
     classes = Table("class", f"{unit}/step", "ms/step", "MB/step", "GB/s")
     for cls, row in result["classes"].items():
         classes.add_row(cls, f"{row['kernels_per_step']:.1f}", f"{row['ms']:.3f}",
@@ -680,7 +730,8 @@ def explain_cmd(
 @app.command()
 def report(
     db: DB_OPTION = Path("floorline.db"),
-    out_dir: Annotated[Path, typer.Option("--out", help="Folder for index.html, report.md and PNGs.")] = Path("report"),
+    out_dir: Annotated[Path, typer.Option(
+        "--out", help="Folder for index.html, report.md and PNGs.")] = Path("report"),
 ) -> None:
     """The results database as plots and tables: HTML (self-contained) and Markdown."""
     from floorline.report.build import build_report
@@ -701,7 +752,7 @@ def predict_cmd(
     gpu: Annotated[str, typer.Option(help="Catalogue name of the GPU to forecast.")],
     path: Annotated[str, typer.Option(help="A path measured on a GPU (shipped or in --db).")],
     ctx: Annotated[str, typer.Option(help="Context length.")] = "2048",
-    db: Annotated[Optional[Path], typer.Option(
+    db: Annotated[Path | None, typer.Option(
         "--db", help="Your results database, added to the shipped H200 calibration; "
                      "default: floorline.db where it exists.")] = None,
     replace: Annotated[bool, typer.Option(
@@ -732,12 +783,14 @@ def predict_cmd(
         return
     interval = (f"{LEVEL:.0%} interval {f.low:.2f}-{f.high:.2f} ms from {f.errors_used} held-out "
                 f"{f.fit.kind} cells" if f.low is not None else
-                f"no interval: {f.errors_used} held-out {f.fit.kind} cells are too few for {LEVEL:.0%}")
+                f"no interval: {f.errors_used} held-out {f.fit.kind} cells are too few for "
+                f"{LEVEL:.0%}")
     s = f.step
     out.print(f"{f.fit.path} on {f.gpu}, {f.model} ctx {f.ctx}: {f.ms:.2f} ms/step ({interval})\n"
               f"  GPU side {s.gpu_ms:.2f} ms (weights {s.parts['weights']:.2f}, attention "
-              f"{s.parts['attention']:.2f}, small kernels {s.parts['small kernels']:.2f}); host side "
-              f"{s.host_ms:.2f} ms; the {'GPU' if s.gpu_ms >= s.host_ms else 'host'} side governs",
+              f"{s.parts['attention']:.2f}, small kernels {s.parts['small kernels']:.2f}); "
+              f"host side {s.host_ms:.2f} ms; the "
+              f"{'GPU' if s.gpu_ms >= s.host_ms else 'host'} side governs",
               highlight=False, markup=False)
     out.print("  terms:", highlight=False, markup=False)
     for term in f.fit.terms.values():
@@ -749,9 +802,11 @@ def predict_cmd(
 @app.command()
 def show(
     db: DB_OPTION = Path("floorline.db"),
-    as_json: Annotated[bool, typer.Option("--json", help="Every field, samples included, as JSON.")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Every field, samples included, as JSON.")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="One CSV row per cell.")] = False,
-    history: Annotated[bool, typer.Option("--all", help="Every row, not only each cell's newest.")] = False,
+    history: Annotated[bool, typer.Option(
+        "--all", help="Every row, not only each cell's newest.")] = False,
 ) -> None:
     """The cells in the results database."""
     from floorline.store import COLUMNS, Store
@@ -767,15 +822,16 @@ def show(
         writer = csv.DictWriter(sys.stdout, fieldnames=COLUMNS)
         writer.writeheader()
         for r in rows:
-            writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in r.items()})
+            writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v
+                             for k, v in r.items()})
     elif not rows:
         out.print(f"no cells in {db}", highlight=False, markup=False)
     else:
         out.print(cells_table(rows, str(db), store.probes()))
     if store.damaged:
+        more = "; ..." if len(store.damaged) > 3 else ""
         raise FloorlineError(f"{db}: {len(store.damaged)} damaged row(s) left out ("
-                             + "; ".join(store.damaged[:3]) + ("; ..." if len(store.damaged) > 3 else "")
-                             + ")")
+                             + "; ".join(store.damaged[:3]) + more + ")")
 
 
 @app.command("merge")
@@ -799,21 +855,32 @@ def merge_cmd(
 
 @app.command("generate")
 def generate_cmd(
-    model: Annotated[str, typer.Option(help="Checkpoint directory: config.json, *.safetensors and a tokenizer.")],
-    prompt: Annotated[str, typer.Option(help="The prompt: one user message when the tokenizer has a chat template.")],
-    max_new_tokens: Annotated[int, typer.Option(min=1, max=MAX_CONTEXT, help="Stop after this many new tokens, if no EOS came.")] = 128,
+    model: Annotated[str, typer.Option(
+        help="Checkpoint directory: config.json, *.safetensors and a tokenizer.")],
+    prompt: Annotated[str, typer.Option(
+        help="The prompt: one user message when the tokenizer has a chat template.")],
+    max_new_tokens: Annotated[int, typer.Option(
+        min=1, max=MAX_CONTEXT, help="Stop after this many new tokens, if no EOS came.")] = 128,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy.")] = 0.0,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling: the smallest set of tokens with this much probability, in (0, 1].")] = 1.0,
+    top_p: Annotated[float, typer.Option(
+        help="Nucleus sampling: the smallest set of tokens with this much probability, "
+             "in (0, 1].")] = 1.0,
     seed: Annotated[int, typer.Option(min=0, max=SEED_MAX)] = 0,
     device: DEVICE_OPTION = None,
     dtype: Annotated[str, typer.Option(help="bfloat16 or float32.")] = "bfloat16",
-    no_chat: Annotated[bool, typer.Option("--no-chat", help="Encode the prompt as it is, without the chat template.")] = False,
-    weights: Annotated[Optional[str], typer.Option(help="Format of the decoder's linears: int4 (group 128), fp8 or bf16; a 16-bit checkpoint is quantised at load. Default: the checkpoint's own (AWQ/GPTQ run as int4).")] = None,
-    head: Annotated[str, typer.Option(help="Format of the LM head: bf16 (16-bit) or fp8 (one scale per row).")] = "bf16",
-    kv_dtype: Annotated[str, typer.Option(help="Format of the KV cache: bf16 (the 16-bit dtype) or fp8 (e4m3, one scale per token and kv head).")] = "bf16",
+    no_chat: Annotated[bool, typer.Option(
+        "--no-chat", help="Encode the prompt as it is, without the chat template.")] = False,
+    weights: Annotated[str | None, typer.Option(
+        help="Format of the decoder's linears: int4 (group 128), fp8 or bf16; a 16-bit checkpoint "
+             "is quantised at load. Default: the checkpoint's own (AWQ/GPTQ run as int4).")] = None,
+    head: Annotated[str, typer.Option(
+        help="Format of the LM head: bf16 (16-bit) or fp8 (one scale per row).")] = "bf16",
+    kv_dtype: Annotated[str, typer.Option(
+        help="Format of the KV cache: bf16 (the 16-bit dtype) or fp8 (e4m3, one scale per token "
+             "and kv head).")] = "bf16",
     gpu: GPU_OPTION = None,
 ) -> None:
-    """Generate text with floorline's engine, streamed to stdout; speed against the floor on stderr."""
+    """Generate text with floorline's engine, streamed to stdout; speed against the floor on stderr."""  # noqa: E501
     from floorline.engine.generate import generate
 
     device = check_device(device)

@@ -155,7 +155,8 @@ class Store:
 
     def start_ab(self, plan: dict, env: dict, env_key: str) -> int:
         return self._insert("ab_experiments", {
-            **{k: plan[k] for k in ("a", "b", "model", "ctx", "gpu")}, "paired": int(plan["paired"]),
+            **{k: plan[k] for k in ("a", "b", "model", "ctx", "gpu")},
+            "paired": int(plan["paired"]),
             "plan": json.dumps(plan, sort_keys=True), "fingerprint_key": env_key,
             "fingerprint": json.dumps(env, sort_keys=True), "started_at": now()})
 

@@ -236,7 +236,8 @@ def kv_layout(config) -> tuple[int, list[int | None]]:
     layer_types = getattr(cfg, "layer_types", None)
     if layer_types is None:
         windowed = window is not None and getattr(cfg, "use_sliding_window", True)
-        layer_types = ["sliding_attention" if windowed else "full_attention"] * cfg.num_hidden_layers
+        kind = "sliding_attention" if windowed else "full_attention"
+        layer_types = [kind] * cfg.num_hidden_layers
     windows = [window if "sliding" in t else None for t in layer_types]
     return 2 * kv_heads * head_dim, windows
 
@@ -254,7 +255,8 @@ def kv_bytes(config, ctx: int, kv_dtype: str) -> int:
 def floor(spec: ModelSpec, gpu: DeviceSpec, ctx: int, weight_format: str = "bf16",
           kv_dtype: str = "bf16") -> Floor:
     if weight_format not in WEIGHT_FORMATS:
-        raise FloorlineError(f"unknown weight format '{weight_format}'; known: {', '.join(WEIGHT_FORMATS)}")
+        raise FloorlineError(f"unknown weight format '{weight_format}'; known: "
+                             f"{', '.join(WEIGHT_FORMATS)}")
     if kv_dtype not in KV_FORMATS:
         raise FloorlineError(f"unknown KV dtype '{kv_dtype}'; known: {', '.join(KV_FORMATS)}")
     fmt = WEIGHT_FORMATS[weight_format]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -58,8 +58,8 @@ class GenerationResult:
         n = len(self.ids)
         parts = [f"{n} new token{'s' if n > 1 else ''}"
                  + (" (stopped at EOS)" if self.stopped_at_eos else ""),
-                 f"prefill {self.prefill_ms:.1f} ms ({len(self.prompt_ids) / self.prefill_ms * 1e3:.0f} "
-                 "tokens/s)"]
+                 f"prefill {self.prefill_ms:.1f} ms "
+                 f"({len(self.prompt_ids) / self.prefill_ms * 1e3:.0f} tokens/s)"]
         if self.steps:
             parts.append(f"decode {self.ms_per_token:.3f} ms/token")
             if self.device_ms is not None:
@@ -180,10 +180,10 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
     16-bit dtype, or fp8) choose the engine's formats; a 16-bit checkpoint is quantised at
     load."""
     from floorline.engine.kvcache import check_format
-    from floorline.traffic import engine_kv_format, engine_weight_format
     from floorline.engine.runtime import Engine
     from floorline.models import resolve_model
     from floorline.models.zoo import shipped_name
+    from floorline.traffic import engine_kv_format, engine_weight_format
 
     if dtype not in DTYPES:
         raise FloorlineError(f"dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")

@@ -80,7 +80,7 @@ class DecoderConfig:
     final_softcap: float | None = None  # logits = c tanh(logits / c)
 
     @classmethod
-    def from_hf(cls, config) -> "DecoderConfig":
+    def from_hf(cls, config) -> DecoderConfig:
         from floorline.traffic import kv_layout
 
         cfg = config.get_text_config()
@@ -404,7 +404,8 @@ class Decoder:
 
 def _rms_norm(x, weight, eps):
     x = x.float()
-    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(weight.dtype)
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * weight.float()).to(weight.dtype)
 
 
 def _linear(x, weight, bias, dtype):

@@ -9,11 +9,11 @@ measured by this project).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import statistics
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -176,7 +176,7 @@ class GemvTuner:
         y = torch.zeros(n, dtype=out.dtype, device=self.device)
         results = []
         for config in candidates(n, k, accumulate, group_of(w)):
-            def run():
+            def run(config=config):
                 for m, u in mats:
                     gemv(x, m, y, config=config, up=u, **extras)
             results.append((time_graph(run) / copies, config))

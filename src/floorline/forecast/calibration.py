@@ -18,12 +18,16 @@ SHIPPED = "h200.json"
 
 @dataclass
 class Calibration:
-    cells: list[dict] = field(default_factory=list)  # model ctx path gpu ms weight_format kv_dtype source
-    explanations: list[dict] = field(default_factory=list)  # path model ctx gpu kernels_per_step classes source
-    probes: list[dict] = field(default_factory=list)  # gpu eager_us graph_us stream_read_gbps source
-    cpu_paths: set[str] = field(default_factory=set)  # paths with valid cells on a non-catalogue device
+    # model ctx path gpu ms weight_format kv_dtype source
+    cells: list[dict] = field(default_factory=list)
+    # path model ctx gpu kernels_per_step classes source
+    explanations: list[dict] = field(default_factory=list)
+    # gpu eager_us graph_us stream_read_gbps source
+    probes: list[dict] = field(default_factory=list)
+    # paths with valid cells on a non-catalogue device
+    cpu_paths: set[str] = field(default_factory=set)
 
-    def without(self, cell: dict) -> "Calibration":
+    def without(self, cell: dict) -> Calibration:
         return Calibration([c for c in self.cells if c is not cell], self.explanations,
                            self.probes, self.cpu_paths)
 
@@ -62,7 +66,8 @@ def from_rows(rows: list[dict], explanations: list[dict], probes: dict[str, dict
             cpu_paths.add(r["path"])
             continue
         key = (r["model"], r["ctx"], r["path"], r["gpu"])
-        if key not in newest or (r.get("finished_at") or "") >= (newest[key].get("finished_at") or ""):
+        finished = r.get("finished_at") or ""
+        if key not in newest or finished >= (newest[key].get("finished_at") or ""):
             newest[key] = r
     cells = [cell_record(r, f"{label} cell {r['id']}") for r in newest.values()]
     env_gpu = {r["fingerprint_key"]: r["gpu"] for r in rows if r["gpu"] in gpus}

@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from floorline.errors import FloorlineError
 from floorline.forecast.calibration import Calibration
 from floorline.forecast.terms import (
-    GPU_GOVERNED, TRANSFORMERS, attention_bytes, family, formats, kind, layers, weight_bytes,
+    GPU_GOVERNED,
+    TRANSFORMERS,
+    attention_bytes,
+    family,
+    formats,
+    kind,
+    layers,
+    weight_bytes,
 )
 from floorline.hardware import lookup
 from floorline.paths import parse_path
@@ -119,7 +126,8 @@ def small_kernels(cal: Calibration, path: str) -> tuple[Term, Term] | None:
 def _small_ms(terms: dict[str, Term], model: str) -> float:
     if "small kernels per layer" not in terms:
         return 0.0
-    return terms["small kernels per layer"].value * layers(model) * terms["cost per small kernel"].value / 1e3
+    per_layer = terms["small kernels per layer"].value
+    return per_layer * layers(model) * terms["cost per small kernel"].value / 1e3
 
 
 def weight_fraction(cal: Calibration, path: str, terms: dict[str, Term]) -> Term:
@@ -134,12 +142,14 @@ def weight_fraction(cal: Calibration, path: str, terms: dict[str, Term]) -> Term
     for c in cal.cells:
         if c["path"] != source_path:
             continue
-        rest = c["ms"] - _cell_attention(c) / (eta_a * _peak(c["gpu"])) - _small_ms(terms, c["model"])
+        rest = (c["ms"] - _cell_attention(c) / (eta_a * _peak(c["gpu"]))
+                - _small_ms(terms, c["model"]))
         if rest > 0:
             values.append(weight_bytes(c["model"], c["weight_format"]) / (rest * _peak(c["gpu"])))
     if values:
         return Term("weights' fraction of peak", statistics.median(values), "",
-                    f"median of {len(values)} {source_path} cells, after attention and small kernels")
+                    f"median of {len(values)} {source_path} cells, after attention and small "
+                    f"kernels")
     for e in cal.explanations:
         if e["path"] == path and e["classes"].get("matrix-vector", {}).get("ms"):
             w = weight_bytes(e["model"], formats(path)[0])
@@ -166,7 +176,8 @@ def host_terms(cal: Calibration, path: str, terms: dict[str, Term]) -> dict[str,
         raise FloorlineError(f"no forecast: launches per step of {path} are missing (run explain "
                              f"on it or on another path of its family on a GPU)")
     per_layer = e["kernels_per_step"] / layers(e["model"])
-    costs = [c["ms"] / (per_layer * layers(c["model"])) * 1e3 for c in cal.cells if c["path"] == path]
+    costs = [c["ms"] / (per_layer * layers(c["model"])) * 1e3
+             for c in cal.cells if c["path"] == path]
     if not costs:
         raise FloorlineError(f"no forecast: no GPU cell of {path} to measure its host cost from")
     return {"launches per layer": Term("launches per layer", per_layer, "",
@@ -211,7 +222,8 @@ def step(f: Fit, model: str, gpu: str, ctx: int) -> Step:
     w_fmt, kv = formats(f.path)
     parts = {
         "weights": weight_bytes(model, w_fmt) / (t["weights' fraction of peak"].value * peak),
-        "attention": attention_bytes(model, ctx, f.path, kv) / (t["attention's fraction of peak"].value * peak),
+        "attention": (attention_bytes(model, ctx, f.path, kv)
+                      / (t["attention's fraction of peak"].value * peak)),
         "small kernels": _small_ms(t, model),
     }
     if "host cost per launch" in t:

@@ -58,4 +58,5 @@ def attention_bytes(model: str, ctx: int, path: str, kv_dtype: str) -> float:
     _, windows = kv_layout(config)
     _, head_dim = kv_heads_and_dim(config)
     heads = config.get_text_config().num_attention_heads
-    return float(sum(2 * heads * head_dim * 2 * (ctx if w is None else min(ctx, w)) for w in windows))
+    return float(sum(2 * heads * head_dim * 2 * (ctx if w is None else min(ctx, w))
+                     for w in windows))

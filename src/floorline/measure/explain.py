@@ -68,7 +68,8 @@ def _events(prof, device: str) -> list[tuple[str, float, float, float]]:
     for e in prof.events():
         if device.startswith("cuda"):
             if e.device_type == DeviceType.CUDA:
-                out.append((e.name, e.time_range.start, e.time_range.end, e.time_range.elapsed_us()))
+                span = e.time_range
+                out.append((e.name, span.start, span.end, span.elapsed_us()))
         elif e.name.startswith("aten::"):
             out.append((e.name, e.time_range.start, e.time_range.end, e.self_cpu_time_total))
     return out
@@ -134,7 +135,9 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     fmt = WEIGHT_FORMATS[runtime.weight_format]
     *linears, head = count_parameters(model).matrix_shapes
     matrix_bytes = sum(fmt.linear_bytes(o, i) for o, i in linears) + fmt.head_bytes(*head)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    activities = [ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(ProfilerActivity.CUDA)
     fit = budget(path, steps, warmup, ctx, model.max_context)
     # Kineto writes its own start and stop lines to stderr unless told otherwise.
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")

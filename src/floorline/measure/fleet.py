@@ -339,7 +339,8 @@ def dispatch(fleet: Fleet, items: list, call: Callable[[object], tuple], device:
 
 def sweep(fleet: Fleet, store: Store, keys: list[CellKey], device: str,
           gpu: DeviceSpec | None = None, *, seed: int = 0, trust_remote_code: bool = False,
-          timeout_s: float = TIMEOUT_S, attempts: int = ATTEMPTS, on_start: Callable[[CellKey, Started], None] | None = None,
+          timeout_s: float = TIMEOUT_S, attempts: int = ATTEMPTS,
+          on_start: Callable[[CellKey, Started], None] | None = None,
           on_done: Callable[[CellKey, CellResult, str, str], None] | None = None,
           task_fn: Callable[[Task], Measured] = run_task) -> None:
     """Measures every cell of `keys` on the fleet, committing each as its task ends (a cell

@@ -46,7 +46,8 @@ def _rotating(buffers, op):
 def stream_read_gbps(device: str, nbytes: int, budget: int, repeats: int = 20) -> float:
     import torch
 
-    bufs = [torch.rand(nbytes // 4, device=device) for _ in range(_rotation(nbytes, device, budget))]
+    copies = _rotation(nbytes, device, budget)
+    bufs = [torch.rand(nbytes // 4, device=device) for _ in range(copies)]
     return nbytes / _time_ms(_rotating(bufs, torch.sum), device, repeats) / 1e6
 
 
@@ -58,7 +59,8 @@ def copy_gbps(device: str, nbytes: int, budget: int, repeats: int = 20) -> float
     srcs = [torch.rand(nbytes // 4, device=device) for _ in range(n)]
     dsts = [torch.empty_like(s) for s in srcs]
     pairs = list(zip(dsts, srcs))
-    return 2 * nbytes / _time_ms(_rotating(pairs, lambda p: p[0].copy_(p[1])), device, repeats) / 1e6
+    ms = _time_ms(_rotating(pairs, lambda p: p[0].copy_(p[1])), device, repeats)
+    return 2 * nbytes / ms / 1e6
 
 
 def gemv_gbps(device: str, shape: tuple[int, int], budget: int, repeats: int = 20) -> float:
@@ -70,7 +72,8 @@ def gemv_gbps(device: str, shape: tuple[int, int], budget: int, repeats: int = 2
     out_f, in_f = shape
     nbytes = out_f * in_f * 2
     n = _rotation(nbytes, device, budget)
-    weights = [torch.randn(out_f, in_f, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(n)]
+    weights = [torch.randn(out_f, in_f, device=device, dtype=torch.bfloat16) * 0.02
+               for _ in range(n)]
     x = torch.randn(1, in_f, device=device, dtype=torch.bfloat16)
     if device.startswith("cuda"):
         F.linear(x, weights[0])  # cuBLAS handles and workspace outside the capture

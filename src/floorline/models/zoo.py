@@ -53,7 +53,7 @@ class ModelSpec:
     def has_real_weights(self) -> bool:
         return self.weights_dir is not None
 
-    def without_weights(self) -> "ModelSpec":
+    def without_weights(self) -> ModelSpec:
         """The same architecture with seeded random weights."""
         return replace(self, weights_dir=None)
 
@@ -107,12 +107,13 @@ def _check_fields(data: dict, origin: str) -> None:
     if text is not None and not isinstance(text, dict):
         raise FloorlineError(f"{origin}: text_config must be an object, not {text!r}")
     for part in (data, text or {}):
-        for field in DTYPE_FIELDS:
-            dtype = part.get(field)
+        for key in DTYPE_FIELDS:
+            dtype = part.get(key)
             if dtype is None or dtype == "auto":
                 continue
-            if not (isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype)):
-                raise FloorlineError(f"{origin}: {field} {dtype!r} is not a torch dtype "
+            named = isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype)
+            if not named:
+                raise FloorlineError(f"{origin}: {key} {dtype!r} is not a torch dtype "
                                      "(such as bfloat16, float16, float32)")
 
 
@@ -221,7 +222,8 @@ def resolve_model(name_or_dir: str, trust_remote_code: bool = False) -> ModelSpe
     data = _read_config_json(config_path)
     if data.get("auto_map") and not trust_remote_code:
         raise FloorlineError(
-            f"{config_path} asks for remote model code (auto_map); pass --trust-remote-code to run it"
+            f"{config_path} asks for remote model code (auto_map); pass --trust-remote-code "
+            "to run it"
         )
     if trust_remote_code:
         from transformers import AutoConfig

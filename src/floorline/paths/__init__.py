@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from floorline.errors import FloorlineError
-from floorline.paths.base import (
-    OPTIONS, GraphedSession, Path, PathSpec, PathUnavailable, Session, compile_mode,
-)
 from floorline.paths.awq_marlin import AwqMarlinPath
+from floorline.paths.base import (
+    OPTIONS,
+    GraphedSession,
+    Path,
+    PathSpec,
+    PathUnavailable,
+    Session,
+    compile_mode,
+)
 from floorline.paths.bnb import BnbPath
 from floorline.paths.engine import EnginePath
 from floorline.paths.exllamav2 import ExllamaV2Path

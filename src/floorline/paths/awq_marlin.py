@@ -72,7 +72,8 @@ def marlin_linear():
             self.zeros = marlin_zero_points(zeros)
             self.bias_fp16 = None if bias is None else bias.to(device, torch.float16)
             self.empty = torch.empty(0, dtype=torch.int32, device=device)  # no act-order
-            self.workspace = torch.zeros(n // MIN_N * MAX_PARALLEL, dtype=torch.int32, device=device)
+            self.workspace = torch.zeros(n // MIN_N * MAX_PARALLEL, dtype=torch.int32,
+                                         device=device)
 
         def forward(self, x):
             rows = x.reshape(-1, self.in_features).to(torch.float16).contiguous()

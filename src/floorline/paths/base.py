@@ -2,7 +2,8 @@
 
     session = path.open(model, device, capacity)   # build or load weights, allocate the cache
     session.prefill(ctx)                            # fill the KV cache with ctx tokens
-    session.step()                                  # one new token; nothing for the timer to wait on
+    session.step()                                  # one new token; nothing for the timer
+                                                    # to wait on
     session.close()
 """
 

@@ -35,7 +35,8 @@ class BnbPath(QuantisingHFPath):
                 q.weight = bnb.nn.Params4bit(linear.weight.data, requires_grad=False, blocksize=64,
                                              compress_statistics=False, quant_type="nf4").to(device)
             else:
-                q = bnb.nn.Linear8bitLt(*shape, has_fp16_weights=False, threshold=6.0, device="meta")
+                q = bnb.nn.Linear8bitLt(*shape, has_fp16_weights=False, threshold=6.0,
+                                        device="meta")
                 q.weight = bnb.nn.Int8Params(linear.weight.data, requires_grad=False,
                                              has_fp16_weights=False).to(device)
             if linear.bias is not None:

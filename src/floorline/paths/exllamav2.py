@@ -20,7 +20,6 @@ from floorline.paths.quantised import PackedHFPath
 def exllamav2_linear():
     """The module class, made on first use: importing exllamav2 builds its extension."""
     import torch
-
     from exllamav2.ext import exllamav2_ext as ext  # builds the extension at first import
 
     none = torch.empty((1, 1), device="meta")
@@ -49,7 +48,8 @@ def exllamav2_linear():
 
         def forward(self, x):
             rows = x.reshape(-1, self.in_features)
-            out = torch.empty(rows.shape[0], self.out_features, dtype=torch.float16, device=x.device)
+            out = torch.empty(rows.shape[0], self.out_features, dtype=torch.float16,
+                              device=x.device)
             ext.gemm_half_q_half(rows.to(torch.float16).contiguous(), self.handle, out, False)
             return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 

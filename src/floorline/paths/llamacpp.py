@@ -2,12 +2,12 @@
 
 A local directory holding config.json and one .gguf file is loaded as it is; otherwise the
 model's config is written once as a GGUF of seeded random weights (layouts/gguf.py) into the
-cache directory (FLOORLINE_CACHE, default ~/.cache/floorline) and reused. Every layer is on the GPU, the KV
-cache in f16, flash attention as llama.cpp decides (auto). A step is one llama_decode of one
-token, llama_synchronize, and greedy argmax over the logits on the host: llama.cpp's own step,
-synchronous, so the timer's events bracket all of it. llama.cpp replays its own CUDA graphs
-inside llama_decode, so floorline's +graphs and +compile do not apply. A llama.cpp that dies
-loading the file takes only its cell's process with it (measure/runner.py).
+cache directory (FLOORLINE_CACHE, default ~/.cache/floorline) and reused. Every layer is on
+the GPU, the KV cache in f16, flash attention as llama.cpp decides (auto). A step is one
+llama_decode of one token, llama_synchronize, and greedy argmax over the logits on the host:
+llama.cpp's own step, synchronous, so the timer's events bracket all of it. llama.cpp replays
+its own CUDA graphs inside llama_decode, so floorline's +graphs and +compile do not apply. A
+llama.cpp that dies loading the file takes only its cell's process with it (measure/runner.py).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def load_llama_cpp(device: str):
     global _log_callback
     if device.startswith("cuda") and "llama_cpp" not in sys.modules:
         for name in ("libcudart.so.1[0-9]", "libcublasLt.so.1[0-9]", "libcublas.so.1[0-9]"):
-            found = [f for p in sys.path for f in glob.glob(os.path.join(p, "nvidia", "*", "lib", name))]
+            found = [f for p in sys.path
+                     for f in glob.glob(os.path.join(p, "nvidia", "*", "lib", name))]
             if found:
                 ctypes.CDLL(found[0], mode=ctypes.RTLD_GLOBAL)
     import llama_cpp
@@ -137,7 +138,8 @@ class LlamaCppSession(Session):
             raise RuntimeError(f"llama_decode returned {code} at position {self.position}")
         self.position += n
         self.L.llama_synchronize(self.ctx)
-        logits = np.ctypeslib.as_array(self.L.llama_get_logits_ith(self.ctx, n - 1), shape=(self.vocab,))
+        logits = np.ctypeslib.as_array(self.L.llama_get_logits_ith(self.ctx, n - 1),
+                                       shape=(self.vocab,))
         return int(logits.argmax())
 
     def prefill(self, ctx: int) -> None:

@@ -141,7 +141,8 @@ class PackedHFPath(QuantisedHFPath):
             replace_linears(hf_model, make)
             return hf_model
         load_packed_checkpoint(hf_model, model.weights_dir, self.layout.TENSORS,
-                               lambda tensors, bias: self.make_linear(tensors, bias, device, shared),
+                               lambda tensors, bias: self.make_linear(tensors, bias, device,
+                                                                      shared),
                                device)
         return hf_model
 

@@ -57,7 +57,8 @@ def fraction_vs_bandwidth(cells):
     ax.scatter([lookup(r["gpu"]).peak_gbps for r in ref], [r["value"] for r in ref], marker="*",
                s=200, color="black", label="study (published; every-parameter bytes)")
     for r in ref:
-        ax.annotate(f"{r['gpu']} {r['model']} ctx {r['ctx']}", (lookup(r["gpu"]).peak_gbps, r["value"]),
+        ax.annotate(f"{r['gpu']} {r['model']} ctx {r['ctx']}",
+                    (lookup(r["gpu"]).peak_gbps, r["value"]),
                     textcoords="offset points", xytext=(-8, 6), ha="right", fontsize=8)
     peaks = [c["peak_gbps"] for c in cells] + [lookup(r["gpu"]).peak_gbps for r in ref]
     top = max([c["fraction_of_floor"] for c in cells] + [r["value"] for r in ref] + [1.0])
@@ -82,13 +83,16 @@ def ms_vs_context(cells):
     for ax, (model, gpu) in zip(axes[0], groups):
         mine = [c for c in cells if (c["model"], c["gpu"]) == (model, gpu)]
         for path in sorted({c["path"] for c in mine}):
-            pts = sorted((c["ctx"], c["median_ms"], c["p10_ms"], c["p90_ms"]) for c in mine if c["path"] == path)
+            pts = sorted((c["ctx"], c["median_ms"], c["p10_ms"], c["p90_ms"])
+                         for c in mine if c["path"] == path)
             ctx, ms, lo, hi = zip(*pts)
-            ax.errorbar(ctx, ms, yerr=[[m - l for m, l in zip(ms, lo)], [h - m for m, h in zip(ms, hi)]],
+            yerr = [[m - low for m, low in zip(ms, lo)], [h - m for m, h in zip(ms, hi)]]
+            ax.errorbar(ctx, ms, yerr=yerr,
                         marker="o", capsize=3, label=path)
         floor = sorted({(c["ctx"], c["floor_ms"]) for c in mine})
         ax.plot(*zip(*floor), "k--", label="floor")
-        ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="ms/step (median, p10-p90)",
+        ax.set(xscale="log", yscale="log", xlabel="context (tokens)",
+               ylabel="ms/step (median, p10-p90)",
                title=f"{model} on {gpu}")
         contexts = sorted({c["ctx"] for c in mine})
         ax.set_xticks(contexts, [str(c) for c in contexts], minor=False)
@@ -101,12 +105,13 @@ def ms_vs_context(cells):
 
 def ab_forest(experiments):
     """A/B speedups with their 95% intervals, the study's beside."""
-    rows = [(f"{e['b']} vs {e['a']}, {e['model']} ctx {e['ctx']}, {e['gpu']} (N={e['sessions']})",
-             e["speedup"], e["ci_low"], e["ci_high"], "floorline") for e in experiments if e["speedup"]]
-    rows += [(f"{r['b']} vs {r['a']}, ctx {r['ctx']}, {r['gpu']} (study)", r["speedup"], r["ci_low"],
-              r["ci_high"], "study") for r in study()["ab"]]
+    rows = [(f"{e['b']} vs {e['a']}, {e['model']} ctx {e['ctx']}, {e['gpu']} "
+             f"(N={e['sessions']})", e["speedup"], e["ci_low"], e["ci_high"], "floorline")
+            for e in experiments if e["speedup"]]
+    rows += [(f"{r['b']} vs {r['a']}, ctx {r['ctx']}, {r['gpu']} (study)", r["speedup"],
+              r["ci_low"], r["ci_high"], "study") for r in study()["ab"]]
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.5))
-    for y, (label, s, lo, hi, who) in enumerate(rows):
+    for y, (_label, s, lo, hi, who) in enumerate(rows):
         color = "black" if who == "study" else "tab:blue"
         if lo is not None:
             ax.errorbar([s], [y], xerr=[[s - lo], [hi - s]], fmt="o", color=color, capsize=4)
@@ -141,7 +146,8 @@ def quantised(cells):
     labels = [f"study, L4: {r['path']}" for r in ref] + [
         f"{c['model']} {c['gpu']} ctx {c['ctx']}: {c['path']}" for c in quant]
     measured = [r["ms"] for r in ref] + [c["median_ms"] for c in quant]
-    floors = [floor(spec, l4, 2048, r["weight_format"]).floor_ms for r in ref] + [c["floor_ms"] for c in quant]
+    floors = ([floor(spec, l4, 2048, r["weight_format"]).floor_ms for r in ref]
+              + [c["floor_ms"] for c in quant])
     baselines = [ref[0]["ms"]] * len(ref) + [
         by_id[reduced[c["id"]]["reference_id"]]["median_ms"]
         if reduced.get(c["id"], {}).get("reference_id") else None for c in quant]
@@ -153,7 +159,8 @@ def quantised(cells):
     ax.scatter([b for b in baselines if b], [i for i in y if baselines[i]], marker="D", s=18,
                color="tab:blue", zorder=3, label="16-bit reference (same runtime and options)")
     for i in y:
-        ax.annotate(f"{percent(floors[i] / measured[i])} of its floor", (max(measured[i], baselines[i] or 0), i),
+        ax.annotate(f"{percent(floors[i] / measured[i])} of its floor",
+                    (max(measured[i], baselines[i] or 0), i),
                     xytext=(6, 0), textcoords="offset points", va="center", fontsize=7)
     ax.set_yticks(y, labels, fontsize=7)
     ax.set_ylim(len(labels) - 0.5, -0.5)
@@ -166,11 +173,13 @@ def quantised(cells):
         "This database holds no quantised cells, so only the study's published L4 cells are "
         "drawn: `floorline sweep --paths engine-int4,bnb-nf4` measures some (`floorline paths` "
         "lists the quantised paths this machine can run).")
-    refs = [reduced[c["id"]]["reference_id"] for c in quant if reduced.get(c["id"], {}).get("reference_id")]
+    refs = [reduced[c["id"]]["reference_id"] for c in quant
+            if reduced.get(c["id"], {}).get("reference_id")]
     return fig, [c["id"] for c in quant] + sorted(set(refs)), missing
 
 
-PARTS = (("floor_ms", "floor"), ("lost_in_kernels_ms", "bandwidth lost in GEMV + attention kernels"),
+PARTS = (("floor_ms", "floor"),
+         ("lost_in_kernels_ms", "bandwidth lost in GEMV + attention kernels"),
          ("other_kernels_ms", "other kernels"), ("launch_and_idle_ms", "launch and idle"))
 
 

@@ -27,7 +27,8 @@ def ladder(cells: list[dict]) -> list[dict]:
     groups: dict[tuple, dict[str, list[dict]]] = {}
     for c in cells:
         if c["status"] == "valid" and c["median_ms"] and c["floor_ms"]:
-            groups.setdefault((c["model"], c["gpu"], c["ctx"]), {}).setdefault(c["path"], []).append(c)
+            by_path = groups.setdefault((c["model"], c["gpu"], c["ctx"]), {})
+            by_path.setdefault(c["path"], []).append(c)
     panels = []
     for (model, gpu, ctx), paths in sorted(groups.items()):
         bars = []
@@ -76,14 +77,17 @@ def headline(cells: list[dict]):
         ax.set_xlim(0, top * 1.45)  # room for the labels right of the longest bar
         ax.set_yticks(list(y), [b["path"] for b in bars], fontsize=8)
         ax.set_ylim(len(bars) - 0.5, -0.5)
-        ax.set_title(f"{panel['model']} on {panel['gpu']}, ctx {panel['ctx']}", fontsize=9, loc="left")
+        ax.set_title(f"{panel['model']} on {panel['gpu']}, ctx {panel['ctx']}", fontsize=9,
+                     loc="left")
         ax.tick_params(axis="x", labelsize=7)
     axes[-1, 0].set_xlabel("ms per decode step (median; shorter is faster)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=UNQUANTISED),
                plt.Rectangle((0, 0), 1, 1, facecolor=QUANTISED, hatch="//", edgecolor="white"),
-               plt.Line2D([], [], color="black", ls="--"), plt.Line2D([], [], color="black", lw=1.5)]
+               plt.Line2D([], [], color="black", ls="--"),
+               plt.Line2D([], [], color="black", lw=1.5)]
     fig.legend(handles, ["16-bit (or wider) weights", "quantised weights",
-                         "memory floor of 16-bit weights", "the bar's own floor (its weight format)"],
+                         "memory floor of 16-bit weights",
+                         "the bar's own floor (its weight format)"],
                loc="upper center", ncol=2, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.55 / (sum(heights) + 0.8)))
     return fig, sorted(i for p in panels for b in p["bars"] for i in b["ids"]), None
