@@ -12,8 +12,8 @@ import sys
 from floorline.forecast.accuracy import coverage, leave_one_out
 from floorline.forecast.calibration import from_rows, shipped
 from floorline.forecast.published import study_check
-from floorline.report.figures import study
 from floorline.store import Store
+from floorline.study import study
 
 
 def main() -> None:

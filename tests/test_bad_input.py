@@ -15,7 +15,7 @@ import torch
 from conftest import shipped_config
 from floorline import cli
 from floorline.errors import FloorlineError
-from floorline.measure.cell import INVALID, VALID, CellKey, CellResult
+from floorline.records import INVALID, VALID, CellKey, CellResult
 from floorline.store import Store
 
 

@@ -6,15 +6,17 @@ import json
 import pytest
 
 from conftest import run_cli
+from floorline import timing
 from floorline.hardware import lookup
 from floorline.measure import cell as cell_module
-from floorline.measure import energy, timer
+from floorline.measure import energy
 from floorline.measure.ab import Plan, SessionResult, summarise_sessions
-from floorline.measure.cell import CellKey, measure_cell
+from floorline.measure.cell import measure_cell
 from floorline.measure.energy import EnergyMeter
 from floorline.measure.fingerprint import environment, fingerprint_key
-from floorline.measure.timer import StepPlan, run_plan
+from floorline.records import CellKey
 from floorline.store import Store
+from floorline.timing import StepPlan, run_plan
 
 
 class FakeNVML:
@@ -61,7 +63,7 @@ class Clock:
 @pytest.fixture
 def fake_time(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr(timer, "time", clock)
+    monkeypatch.setattr(timing, "time", clock)
     monkeypatch.setattr(energy, "time", clock)
     return clock
 
@@ -172,7 +174,7 @@ def test_ab_without_energy_says_so():
 
 
 def test_report_draws_energy_against_time_per_path(tmp_path):
-    from floorline.measure.cell import VALID, CellResult
+    from floorline.records import VALID, CellResult
     from floorline.report.build import build_report
 
     db = tmp_path / "r.db"

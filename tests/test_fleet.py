@@ -81,8 +81,8 @@ def hang_or_die(marker_dir, key, device, gpu, seed, trust_remote_code, timeout_s
 def test_a_worker_killed_mid_cell_loses_no_cell_and_stores_none_twice(tmp_path, monkeypatch):
     from floorline.hardware import lookup
     from floorline.measure import fleet
-    from floorline.measure.cell import CellKey
     from floorline.measure.fingerprint import environment
+    from floorline.records import CellKey
     from floorline.store import Store
 
     # The environment stored must be the worker's: this process's would say so

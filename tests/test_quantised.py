@@ -9,10 +9,11 @@ import torch
 
 from conftest import run_cli
 from floorline.hardware import lookup
-from floorline.measure.cell import CellKey, measure_cell
+from floorline.measure.cell import measure_cell
 from floorline.measure.reduction import describe, reductions, reference_path
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, open_session, parse_path, unavailable
+from floorline.records import CellKey
 from floorline.traffic import floor
 
 needs_bnb = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from conftest import run_cli
-from floorline.measure.cell import INVALID, VALID, CellKey, CellResult
+from floorline.records import INVALID, VALID, CellKey, CellResult
 from floorline.report.build import build_report
 from floorline.store import Store
 

@@ -13,12 +13,13 @@ import pytest
 from conftest import run_cli
 from floorline.hardware import lookup
 from floorline.measure import runner
-from floorline.measure.cell import CellKey, step_budget
+from floorline.measure.cell import step_budget
 from floorline.measure.explain import explain_in_child
 from floorline.measure.sweep import Sweep
-from floorline.measure.timer import StepPlan
 from floorline.models import resolve_model
+from floorline.records import CellKey
 from floorline.store import Store
+from floorline.timing import StepPlan
 from floorline.traffic import floor
 
 # A worker run in place of the runner's child: it misbehaves as the cell's context says, then

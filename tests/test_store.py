@@ -3,7 +3,7 @@ import sqlite3
 import pytest
 
 from floorline.errors import FloorlineError
-from floorline.measure.cell import INVALID, VALID, CellKey, CellResult
+from floorline.records import INVALID, VALID, CellKey, CellResult
 from floorline.store import SCHEMA_VERSION, Store
 
 

@@ -83,7 +83,7 @@ def parse_count(text: str, option: str, least: int) -> int | None:
 
 def parse_rel_width(rel_width: float | None, steps: int | None) -> float:
     """--rel-width, which only `--steps auto` reads; default 0.01."""
-    from floorline.measure.timer import REL_WIDTH
+    from floorline.timing import REL_WIDTH
 
     if rel_width is None:
         return REL_WIDTH
@@ -406,7 +406,7 @@ def sweep(
     timeout: TIMEOUT_OPTION = None,
 ) -> None:
     """Measure a grid of cells into the results database (bare: the study's grid, or the CPU demo)."""  # noqa: E501
-    from floorline.measure.cell import key_steps, key_warmup
+    from floorline.records import key_steps, key_warmup
     from floorline.measure.sweep import Grid, Sweep, check_grid, default_grid
     from floorline.store import Store
 

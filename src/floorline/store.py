@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from floorline.errors import FloorlineError
-from floorline.measure.cell import VALID, CellKey, CellResult
+from floorline.records import VALID, CellKey, CellResult
 
 SCHEMA_VERSION = 2  # 2: A/B experiments, card probes, explanations
 

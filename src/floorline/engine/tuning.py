@@ -23,8 +23,7 @@ from floorline.engine.kernels.gemv import GemvConfig, gemv
 from floorline.engine.quant import Fp8Weight, Int4Weight, nbytes, quantize_fp8
 from floorline.errors import FloorlineError
 from floorline.localcache import cache_dir
-from floorline.measure.probe import l2_bytes
-from floorline.measure.timer import time_steps
+from floorline.timing import l2_bytes, time_steps
 
 SHIPPED = Path(__file__).parent / "tuned"
 

@@ -3,80 +3,20 @@
 from __future__ import annotations
 
 import gc
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from floorline.errors import FloorlineError, exception_line, out_of_memory
 from floorline.hardware import DeviceSpec
 from floorline.measure.energy import NO_READING, open_meter
 from floorline.measure.fingerprint import clocks
 from floorline.measure.reduction import reference_path
-from floorline.measure.timer import StepPlan, run_plan
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, PathUnavailable, open_session, parse_path, unavailable
 from floorline.paths.base import GRAPH_WARMUP_STEPS, compile_mode
+from floorline.records import INVALID, VALID, CellKey, CellResult
 from floorline.stats import summarise
+from floorline.timing import StepPlan, run_plan
 from floorline.traffic import floor
-
-VALID = "valid"
-INVALID = "invalid"
-AUTO = "auto"
-
-
-@dataclass(frozen=True)
-class CellKey:
-    model: str
-    ctx: int
-    path: str
-    steps: int | str  # a count, or "auto:<relative width>"
-    warmup: int | str  # a count, or "auto"
-
-    @property
-    def plan(self) -> StepPlan:
-        warmup = None if self.warmup == AUTO else self.warmup
-        if isinstance(self.steps, str):
-            return StepPlan(warmup, None, float(self.steps.removeprefix(AUTO + ":")))
-        return StepPlan(warmup, self.steps)
-
-
-def key_steps(steps: int | None, rel_width: float) -> int | str:
-    """A cell's `steps` as stored: the count, or the automatic rule with its width."""
-    return f"{AUTO}:{rel_width:g}" if steps is None else steps
-
-
-def key_warmup(warmup: int | None) -> int | str:
-    return AUTO if warmup is None else warmup
-
-
-@dataclass
-class CellResult:
-    key: CellKey
-    gpu: str
-    status: str
-    reason: str | None = None
-    samples_ms: list[float] = field(default_factory=list)
-    summary: dict | None = None
-    floor: dict | None = None
-    details: dict = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        """Every field, JSON-able: how a cell comes back from its child process."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> CellResult:
-        return cls(**{**data, "key": CellKey(**data["key"])})
-
-    @property
-    def fraction_of_floor(self) -> float | None:
-        if self.summary is None or self.floor is None:
-            return None
-        return self.floor["floor_ms"] / self.summary["median_ms"]
-
-    @property
-    def achieved_gbps(self) -> float | None:
-        if self.summary is None or self.floor is None:
-            return None
-        return self.floor["total_bytes"] / (self.summary["median_ms"] * 1e6)
 
 
 def fit_prompt(ctx: int, decode: int, limit: int | None) -> int:

@@ -21,10 +21,10 @@ from dataclasses import asdict
 from floorline.hardware import DeviceSpec
 from floorline.measure.cell import Budget, check_floor, step_budget
 from floorline.measure.runner import TIMEOUT_S, run_in_child
-from floorline.measure.timer import StepPlan, run_plan
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, open_session, parse_path
 from floorline.stats import summarise
+from floorline.timing import StepPlan, run_plan
 from floorline.traffic import WEIGHT_FORMATS, count_parameters, floor
 
 # First match wins, on the lower-cased kernel (or operator) name.

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from floorline.errors import FloorlineError, one_line
 from floorline.hardware import DeviceSpec
 from floorline.measure.ab import ABSummary, Plan, SessionResult, run_session, summarise_sessions
-from floorline.measure.cell import INVALID, CellKey, CellResult
 from floorline.measure.fingerprint import environment, fingerprint_key
 from floorline.measure.runner import TIMEOUT_S, run_cell_in_child
+from floorline.records import INVALID, CellKey, CellResult
 from floorline.store import Store
 
 GPU = "GPU"  # the Dask resource a worker holds one of per GPU; every cell's task needs one

@@ -12,15 +12,7 @@ import statistics
 import time
 
 from floorline.errors import FloorlineError
-from floorline.measure.timer import time_steps
-
-
-def l2_bytes(device: str) -> int:
-    import torch
-
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_properties(torch.device(device)).L2_cache_size
-    return 64 * 2**20  # generous for a CPU's last-level cache
+from floorline.timing import l2_bytes, time_steps
 
 
 def _rotation(nbytes: int, device: str, budget: int) -> int:

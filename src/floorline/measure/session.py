@@ -11,10 +11,10 @@ from dataclasses import asdict, dataclass
 from floorline.measure.cell import Budget, step_budget
 from floorline.measure.energy import NO_READING, open_meter
 from floorline.measure.runner import TIMEOUT_S, ChildFailed, run_in_child
-from floorline.measure.timer import StepPlan, run_plan, time_steps, timed_batch, warm_up
 from floorline.models import resolve_model
 from floorline.paths import GraphedSession, open_session, parse_path
 from floorline.paths.base import PathSpec
+from floorline.timing import StepPlan, run_plan, time_steps, timed_batch, warm_up
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Job:
     device: str
     steps: int  # timed steps per arm
     block: int  # steps per block when two arms alternate
-    warmup: int | None  # per arm; None: until steady (measure.timer)
+    warmup: int | None  # per arm; None: until steady (floorline.timing)
     seed: int  # this session's: picks the first arm; weights and tokens use `weights_seed`
     weights_seed: int = 0
     trust_remote_code: bool = False

@@ -13,6 +13,7 @@ from floorline import stats
 from floorline.report import figures
 from floorline.report.headline import headline
 from floorline.store import Store
+from floorline.study import study
 
 FIGURES = (
     ("headline", "Every path against the memory floor", "runs", headline),
@@ -130,7 +131,7 @@ def build_report(db: Path, out: Path) -> dict:
         drawn = (f"Drawn from {SOURCE_NAMES[source]} {', '.join(map(str, ids))} of this database"
                  if ids else f"Drawn from no {SOURCE_NAMES[source]} of this database")
         if key in ("fraction", "ab", "quantised"):
-            drawn += f"; reference series from {figures.study()['provenance']}"
+            drawn += f"; reference series from {study()['provenance']}"
         html_parts.append(f"<p class='source'>{prose_html(drawn)}.</p>")
         md_parts.append(drawn + ".")
 
@@ -144,7 +145,7 @@ def build_report(db: Path, out: Path) -> dict:
                       r["kind"], r["measured_ms"], r["forecast_ms"], f"{r['error']:+.1%}"]
                      for r in loo]
     study_rows = [[r["gpu"], r["model"], r["ctx"], r["path"], r["published_ms"], r["forecast_ms"],
-                   f"{r['error']:+.1%}"] for r in study_check(cal, figures.study(), loo)
+                   f"{r['error']:+.1%}"] for r in study_check(cal, study(), loo)
                   if r["forecast_ms"] is not None]
     cell_rows = [[c["id"], c["model"], c["ctx"], c["path"], c["gpu"], c["status"], c["median_ms"],
                   c["floor_ms"], c["fraction_of_floor"], c["achieved_gbps"], c["reason"]]

@@ -3,10 +3,6 @@ and the ids of what it was drawn from, or None with what is missing."""
 
 from __future__ import annotations
 
-import json
-from functools import cache
-from pathlib import Path
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -14,18 +10,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, PercentFormatter  # noqa: E402
 
 from floorline.stats import percent  # noqa: E402
+from floorline.study import study  # noqa: E402
 
 # Names come from paths, configs and databases: drawn as text, never parsed as math ($...$);
 # log axes are therefore labelled as plain numbers (plain() below), not as powers of ten.
 plt.rcParams["text.parse_math"] = False
 
-STUDY_FILE = Path(__file__).with_name("study.json")
 NO_CELLS = "There are no valid cells yet: `floorline sweep` measures them."
-
-
-@cache
-def study() -> dict:
-    return json.loads(STUDY_FILE.read_text())
 
 
 def _valid(cells):
