@@ -15,6 +15,7 @@ from floorline.forecast.published import published_cells
 from floorline.forecast.terms import attention_bytes, layers, weight_bytes
 from floorline.hardware import lookup
 from floorline.models import resolve_model
+from floorline.store import CellRow
 from floorline.traffic import floor
 
 PEAK = {g: lookup(g).peak_gbps * 1e6 for g in ("h200", "l4")}  # bytes per ms
@@ -129,9 +130,9 @@ def test_shipped_calibration_meets_its_target_and_forecasts_every_engine_path():
 
 
 def test_cpu_cells_never_forecast_a_gpu():
-    rows = [{"id": 1, "status": "valid", "gpu": "cpu", "path": "hf-eager", "model": "qwen2.5-7b",
-             "ctx": 128, "median_ms": 150.0, "weight_format": "bf16", "kv_dtype": "bf16",
-             "fingerprint_key": "env", "finished_at": "x"}]
+    rows = [CellRow(id=1, status="valid", gpu="cpu", path="hf-eager", model="qwen2.5-7b",
+                    ctx=128, steps=8, warmup=2, median_ms=150.0, weight_format="bf16",
+                    kv_dtype="bf16", fingerprint_key="env", finished_at="x")]
     cal = from_rows(rows, [], {}, "db")
     assert cal.cells == [] and cal.cpu_paths == {"hf-eager"}
     with pytest.raises(FloorlineError,
@@ -163,9 +164,9 @@ def test_a_users_cells_add_to_the_shipped_ones_and_replace_the_same_cell():
     base = shipped()
     measured = next(c for c in base.cells
                     if (c["path"], c["model"], c["ctx"]) == ("engine", "qwen2.5-7b", 2048))
-    rows = [{"id": 7, "status": "valid", "gpu": g, "path": "engine", "model": "qwen2.5-7b",
-             "ctx": 2048, "median_ms": ms, "weight_format": "bf16", "kv_dtype": "bf16",
-             "fingerprint_key": "env", "finished_at": "x"}
+    rows = [CellRow(id=7, status="valid", gpu=g, path="engine", model="qwen2.5-7b", ctx=2048,
+                    steps=8, warmup=2, median_ms=ms, weight_format="bf16", kv_dtype="bf16",
+                    fingerprint_key="env", finished_at="x")
             for g, ms in (("h200", 5.0), ("l4", 70.0))]
     cal = combine(base, from_rows(rows, [], {}, "mine"))
     mine = ("engine", "qwen2.5-7b", 2048, "h200")

@@ -14,6 +14,7 @@ from floorline.measure.reduction import describe, reductions, reference_path
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, open_session, parse_path, unavailable
 from floorline.records import CellKey
+from floorline.store import CellRow
 from floorline.traffic import floor
 
 needs_bnb = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
@@ -61,9 +62,9 @@ def test_a_missing_library_through_the_cli(tmp_path):
 
 
 def row(id, path, ms, total_bytes, status="valid", reference=None):
-    return {"id": id, "model": "m", "ctx": 16, "path": path, "steps": 4, "warmup": 0,
-            "fingerprint_key": "k", "status": status, "median_ms": ms, "total_bytes": total_bytes,
-            "details": {"reference": reference} if reference else {}}
+    return CellRow(id=id, model="m", ctx=16, path=path, steps=4, warmup=0, gpu="l4",
+                   fingerprint_key="k", finished_at="x", status=status, median_ms=ms,
+                   total_bytes=total_bytes, details={"reference": reference} if reference else {})
 
 
 def test_reduction_arithmetic():

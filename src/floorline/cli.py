@@ -16,6 +16,7 @@ from rich.table import Table
 
 from floorline.errors import FloorlineError, one_line
 from floorline.stats import percent
+from floorline.store import CellRow
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                   help="Batch-1 LLM decode against its memory floor.")
@@ -334,7 +335,7 @@ def energy_columns(e: dict | None) -> list[str]:
             span("sm_clock_mhz"), span("temperature_c")]
 
 
-def cells_table(rows: list[dict], title: str, probes: dict[str, dict]) -> Table:
+def cells_table(rows: list[CellRow], title: str, probes: dict[str, dict]) -> Table:
     """Cells with their fraction of the datasheet floor and, where this environment was probed,
     of the floor at the measured streaming-read bandwidth."""
     from floorline.measure.reduction import describe, reductions
@@ -344,37 +345,37 @@ def cells_table(rows: list[dict], title: str, probes: dict[str, dict]) -> Table:
                "of floor", "of measured", "GB/s"]
     if reduced:
         columns.append("vs 16-bit: expected / realised (share)")
-    prefilled = any("prefill_ms" in r["details"] for r in rows)  # paths that time their prefill
+    prefilled = any("prefill_ms" in r.details for r in rows)  # paths that time their prefill
     if prefilled:
         columns += ["TTFT ms", "prefill tok/s"]
-    warmed = any("warmup_steps" in r["details"] for r in rows)  # cells since warm-up was recorded
+    warmed = any("warmup_steps" in r.details for r in rows)  # cells since warm-up was recorded
     if warmed:
         columns += ["warm-up", "drift"]
-    energy = any("energy" in r["details"] for r in rows)
+    energy = any("energy" in r.details for r in rows)
     if energy:
         columns += ["J/token", "W (limit)", "SM MHz", "°C"]
     table = Table(*columns, "reason", title=escape(title))
-    notes = sorted({r["details"]["energy_note"] for r in rows if "energy_note" in r["details"]})
+    notes = sorted({r.details["energy_note"] for r in rows if "energy_note" in r.details})
     if notes:
         table.caption = escape("energy per token: " + "; ".join(notes))
     pct = lambda v: "-" if v is None else percent(v)  # noqa: E731
     for r in rows:
-        spread = f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}" if r["p10_ms"] is not None else "-"
-        read = probes.get(r["fingerprint_key"], {}).get("stream_read_gbps")
-        of_measured = (r["total_bytes"] / (read * 1e6) / r["median_ms"]
-                       if read and r["median_ms"] else None)
+        spread = f"{r.p10_ms:.2f}-{r.p90_ms:.2f}" if r.p10_ms is not None else "-"
+        read = probes.get(r.fingerprint_key, {}).get("stream_read_gbps")
+        of_measured = (r.total_bytes / (read * 1e6) / r.median_ms
+                       if read and r.median_ms else None)
         table.add_row(
-            escape(model_label(r["model"])), str(r["ctx"]), escape(r["path"]), escape(r["gpu"]),
-            r["status"] if r["status"] == "valid" else f"[red]{escape(r['status'])}[/red]",
-            _num(r["median_ms"], ".2f"), spread, _num(r["floor_ms"], ".3f"),
-            pct(r["fraction_of_floor"]), pct(of_measured),
-            _num(r["achieved_gbps"], ".0f" if (r["achieved_gbps"] or 0) >= 100 else ".2f"),
-            *([describe(reduced.get(r["id"]))] if reduced else []),
-            *([_num(r["details"].get("prefill_ms"), ".1f"),
-               _num(r["details"].get("prefill_tokens_per_s"), ".0f")] if prefilled else []),
-            *(warmup_columns(r["details"]) if warmed else []),
-            *(energy_columns(r["details"].get("energy")) if energy else []),
-            escape(r["reason"] or ""),
+            escape(model_label(r.model)), str(r.ctx), escape(r.path), escape(r.gpu),
+            r.status if r.status == "valid" else f"[red]{escape(r.status)}[/red]",
+            _num(r.median_ms, ".2f"), spread, _num(r.floor_ms, ".3f"),
+            pct(r.fraction_of_floor), pct(of_measured),
+            _num(r.achieved_gbps, ".0f" if (r.achieved_gbps or 0) >= 100 else ".2f"),
+            *([describe(reduced.get(r.id))] if reduced else []),
+            *([_num(r.details.get("prefill_ms"), ".1f"),
+               _num(r.details.get("prefill_tokens_per_s"), ".0f")] if prefilled else []),
+            *(warmup_columns(r.details) if warmed else []),
+            *(energy_columns(r.details.get("energy")) if energy else []),
+            escape(r.reason or ""),
         )
     return table
 
@@ -406,8 +407,8 @@ def sweep(
     timeout: TIMEOUT_OPTION = None,
 ) -> None:
     """Measure a grid of cells into the results database (bare: the study's grid, or the CPU demo)."""  # noqa: E501
-    from floorline.records import key_steps, key_warmup
     from floorline.measure.sweep import Grid, Sweep, check_grid, default_grid
+    from floorline.records import key_steps, key_warmup
     from floorline.store import Store
 
     step_count = parse_count(steps, "--steps", 1)
@@ -448,8 +449,8 @@ def sweep(
                                            f"{result.reason}", highlight=False, markup=False)
             progress.advance(task)
     wanted = {(k.model, k.ctx, k.path, k.steps, k.warmup) for k in keys}
-    rows = [r for r in runner.store.rows() if r["fingerprint_key"] == runner.env_key
-            and (r["model"], r["ctx"], r["path"], r["steps"], r["warmup"]) in wanted]
+    rows = [r for r in runner.store.rows() if r.fingerprint_key == runner.env_key
+            and (r.model, r.ctx, r.path, r.steps, r.warmup) in wanted]
     out.print(cells_table(rows, f"{db}: {measured} measured, {skipped} already valid (skipped)",
                           runner.store.probes()))
 
@@ -506,8 +507,8 @@ def fleet_sweep(keys, db: Path, cluster: str, device: str, gpu, force: bool, see
                         trust_remote_code=trust_remote_code, timeout_s=timeout_s,
                         on_start=on_start, on_done=on_done)
     wanted = {(k.model, k.ctx, k.path, k.steps, k.warmup) for k in keys}
-    rows = [r for r in store.rows() if r["fingerprint_key"] in env_keys
-            and (r["model"], r["ctx"], r["path"], r["steps"], r["warmup"]) in wanted]
+    rows = [r for r in store.rows() if r.fingerprint_key in env_keys
+            and (r.model, r.ctx, r.path, r.steps, r.warmup) in wanted]
     out.print(cells_table(rows, f"{store.path}: {len(todo)} measured, {len(keys) - len(todo)} "
                                 f"already valid (skipped), on {len(done)} worker(s)",
                           store.probes()))
@@ -817,13 +818,14 @@ def show(
         from floorline.measure.reduction import reductions
 
         reduced = reductions(rows)
-        print(json.dumps([{**r, "reduction": reduced.get(r["id"])} for r in rows], indent=2))
+        print(json.dumps([{**r.as_dict(), "reduction": reduced.get(r.id)} for r in rows],
+                         indent=2))
     elif as_csv:
         writer = csv.DictWriter(sys.stdout, fieldnames=COLUMNS)
         writer.writeheader()
         for r in rows:
             writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v
-                             for k, v in r.items()})
+                             for k, v in r.as_dict().items()})
     elif not rows:
         out.print(f"no cells in {db}", highlight=False, markup=False)
     else:

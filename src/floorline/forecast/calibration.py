@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from floorline.hardware import catalogue_names
+from floorline.store import CellRow
 
 SHIPPED = "h200.json"
 
@@ -32,10 +33,10 @@ class Calibration:
                            self.probes, self.cpu_paths)
 
 
-def cell_record(row: dict, source: str) -> dict:
-    return {"model": row["model"], "ctx": row["ctx"], "path": row["path"], "gpu": row["gpu"],
-            "ms": row["median_ms"], "weight_format": row["weight_format"],
-            "kv_dtype": row["kv_dtype"], "finished_at": row.get("finished_at"), "source": source}
+def cell_record(row: CellRow, source: str) -> dict:
+    return {"model": row.model, "ctx": row.ctx, "path": row.path, "gpu": row.gpu,
+            "ms": row.median_ms, "weight_format": row.weight_format,
+            "kv_dtype": row.kv_dtype, "finished_at": row.finished_at, "source": source}
 
 
 def explain_record(results: dict, source: str) -> dict:
@@ -51,26 +52,25 @@ def probe_record(results: dict, gpu: str, source: str) -> dict:
             "source": source}
 
 
-def from_rows(rows: list[dict], explanations: list[dict], probes: dict[str, dict],
+def from_rows(rows: list[CellRow], explanations: list[dict], probes: dict[str, dict],
               label: str) -> Calibration:
     """A database's contents as records: valid cells of catalogued GPUs (the newest of each
     model, ctx, path and GPU); CPU cells only noted, as they say nothing about a GPU; explain
     results of catalogued GPUs that count kernels by class (the terms read those counts)."""
     gpus = set(catalogue_names())
-    newest: dict[tuple, dict] = {}
+    newest: dict[tuple, CellRow] = {}
     cpu_paths = set()
     for r in rows:
-        if r["status"] != "valid":
+        if r.status != "valid":
             continue
-        if r["gpu"] not in gpus:
-            cpu_paths.add(r["path"])
+        if r.gpu not in gpus:
+            cpu_paths.add(r.path)
             continue
-        key = (r["model"], r["ctx"], r["path"], r["gpu"])
-        finished = r.get("finished_at") or ""
-        if key not in newest or finished >= (newest[key].get("finished_at") or ""):
+        key = (r.model, r.ctx, r.path, r.gpu)
+        if key not in newest or r.finished_at >= newest[key].finished_at:
             newest[key] = r
-    cells = [cell_record(r, f"{label} cell {r['id']}") for r in newest.values()]
-    env_gpu = {r["fingerprint_key"]: r["gpu"] for r in rows if r["gpu"] in gpus}
+    cells = [cell_record(r, f"{label} cell {r.id}") for r in newest.values()]
+    env_gpu = {r.fingerprint_key: r.gpu for r in rows if r.gpu in gpus}
     probe_list = [probe_record(p, env_gpu[k], f"{label} probe")
                   for k, p in probes.items() if k in env_gpu]
     expl = [explain_record(e, f"{label} explain {e['id']}") for e in explanations

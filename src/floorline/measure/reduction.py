@@ -9,6 +9,8 @@ so 100% means every byte saved came off the step, 0% none, and below 0 the step 
 
 from __future__ import annotations
 
+from floorline.store import CellRow
+
 
 def reference_path(path_name: str) -> str | None:
     """`bnb-nf4+graphs` -> `hf-static+graphs`: the 16-bit path this one is measured against."""
@@ -21,27 +23,27 @@ def reference_path(path_name: str) -> str | None:
     return ref + path_name[len(spec.base):]
 
 
-def reductions(rows: list[dict]) -> dict[int, dict]:
+def reductions(rows: list[CellRow]) -> dict[int, dict]:
     """For each quantised row (by id) with a reference floor: expected, realised and share."""
-    valid = {(r["model"], r["ctx"], r["path"], r["steps"], r["warmup"], r["fingerprint_key"]): r
-             for r in rows if r["status"] == "valid"}
+    valid = {(r.model, r.ctx, r.path, r.steps, r.warmup, r.fingerprint_key): r
+             for r in rows if r.status == "valid"}
     out = {}
     for r in rows:
-        ref = r["details"].get("reference")
-        if not ref or not r["total_bytes"]:
+        ref = r.details.get("reference")
+        if not ref or not r.total_bytes:
             continue
-        expected = ref["total_bytes"] / r["total_bytes"]
+        expected = ref["total_bytes"] / r.total_bytes
         entry = {"reference_path": ref["path"], "expected": expected, "realised": None,
                  "share": None, "reference_id": None}
-        other = valid.get((r["model"], r["ctx"], ref["path"], r["steps"], r["warmup"],
-                           r["fingerprint_key"]))
+        other = valid.get((r.model, r.ctx, ref["path"], r.steps, r.warmup,
+                           r.fingerprint_key))
         if other is not None:
-            entry["reference_id"] = other["id"]
-        if other is not None and r["status"] == "valid":
-            realised = other["median_ms"] / r["median_ms"]
+            entry["reference_id"] = other.id
+        if other is not None and r.status == "valid":
+            realised = other.median_ms / r.median_ms
             entry.update(realised=realised,
                          share=(1 - 1 / realised) / (1 - 1 / expected) if expected != 1 else None)
-        out[r["id"]] = entry
+        out[r.id] = entry
     return out
 
 

@@ -147,8 +147,8 @@ def build_report(db: Path, out: Path) -> dict:
     study_rows = [[r["gpu"], r["model"], r["ctx"], r["path"], r["published_ms"], r["forecast_ms"],
                    f"{r['error']:+.1%}"] for r in study_check(cal, study(), loo)
                   if r["forecast_ms"] is not None]
-    cell_rows = [[c["id"], c["model"], c["ctx"], c["path"], c["gpu"], c["status"], c["median_ms"],
-                  c["floor_ms"], c["fraction_of_floor"], c["achieved_gbps"], c["reason"]]
+    cell_rows = [[c.id, c.model, c.ctx, c.path, c.gpu, c.status, c.median_ms,
+                  c.floor_ms, c.fraction_of_floor, c.achieved_gbps, c.reason]
                  for c in sources["cells"]]
     sections = [("Cells (the newest row of each)",
                  ["id", "model", "ctx", "path", "gpu", "status", "ms/step", "floor ms", "of floor",
@@ -167,7 +167,7 @@ def build_report(db: Path, out: Path) -> dict:
                      "published ms", "forecast ms", "error"], study_rows))
     sections.append(("A/B experiments", ["id", "sentence"],
                      [[e["id"], e["sentence"]] for e in sources["ab"]]))
-    fingerprints = {c["fingerprint_key"]: c["fingerprint"] for c in sources["cells"]}
+    fingerprints = {c.fingerprint_key: c.fingerprint for c in sources["cells"]}
     env_fields = ("device", "driver", "cuda", "torch", "transformers", "floorline")
     sections.append(("Environments", ["key", *env_fields],
                      [[k, *(f.get(x) for x in env_fields)] for k, f in fingerprints.items()]))

@@ -20,7 +20,7 @@ NO_CELLS = "There are no valid cells yet: `floorline sweep` measures them."
 
 
 def _valid(cells):
-    return [c for c in cells if c["status"] == "valid"]
+    return [c for c in cells if c.status == "valid"]
 
 
 def _log_range(values):
@@ -40,9 +40,9 @@ def fraction_vs_bandwidth(cells):
 
     cells = _valid(cells)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for path in sorted({c["path"] for c in cells}):
-        pts = [c for c in cells if c["path"] == path]
-        ax.scatter([c["peak_gbps"] for c in pts], [c["fraction_of_floor"] for c in pts],
+    for path in sorted({c.path for c in cells}):
+        pts = [c for c in cells if c.path == path]
+        ax.scatter([c.peak_gbps for c in pts], [c.fraction_of_floor for c in pts],
                    label=f"floorline: {path}", alpha=0.8)
     ref = study()["fraction_of_floor"]
     ax.scatter([lookup(r["gpu"]).peak_gbps for r in ref], [r["value"] for r in ref], marker="*",
@@ -51,8 +51,8 @@ def fraction_vs_bandwidth(cells):
         ax.annotate(f"{r['gpu']} {r['model']} ctx {r['ctx']}",
                     (lookup(r["gpu"]).peak_gbps, r["value"]),
                     textcoords="offset points", xytext=(-8, 6), ha="right", fontsize=8)
-    peaks = [c["peak_gbps"] for c in cells] + [lookup(r["gpu"]).peak_gbps for r in ref]
-    top = max([c["fraction_of_floor"] for c in cells] + [r["value"] for r in ref] + [1.0])
+    peaks = [c.peak_gbps for c in cells] + [lookup(r["gpu"]).peak_gbps for r in ref]
+    top = max([c.fraction_of_floor for c in cells] + [r["value"] for r in ref] + [1.0])
     ax.set(xscale="log", xlabel="peak bandwidth (GB/s; datasheet, or measured where there is none)",
            ylim=(0, top * 1.05), xlim=_log_range(peaks),
            ylabel="fraction of the memory floor (floor / measured ms)",
@@ -60,7 +60,7 @@ def fraction_vs_bandwidth(cells):
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     plain(ax.xaxis)
     ax.legend(fontsize=7)
-    return fig, [c["id"] for c in cells], None if cells else NO_CELLS
+    return fig, [c.id for c in cells], None if cells else NO_CELLS
 
 
 
@@ -69,29 +69,29 @@ def ms_vs_context(cells):
     cells = _valid(cells)
     if not cells:
         return None, [], NO_CELLS
-    groups = sorted({(c["model"], c["gpu"]) for c in cells})
+    groups = sorted({(c.model, c.gpu) for c in cells})
     fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4.2), squeeze=False)
     for ax, (model, gpu) in zip(axes[0], groups):
-        mine = [c for c in cells if (c["model"], c["gpu"]) == (model, gpu)]
-        for path in sorted({c["path"] for c in mine}):
-            pts = sorted((c["ctx"], c["median_ms"], c["p10_ms"], c["p90_ms"])
-                         for c in mine if c["path"] == path)
+        mine = [c for c in cells if (c.model, c.gpu) == (model, gpu)]
+        for path in sorted({c.path for c in mine}):
+            pts = sorted((c.ctx, c.median_ms, c.p10_ms, c.p90_ms)
+                         for c in mine if c.path == path)
             ctx, ms, lo, hi = zip(*pts)
             yerr = [[m - low for m, low in zip(ms, lo)], [h - m for m, h in zip(ms, hi)]]
             ax.errorbar(ctx, ms, yerr=yerr,
                         marker="o", capsize=3, label=path)
-        floor = sorted({(c["ctx"], c["floor_ms"]) for c in mine})
+        floor = sorted({(c.ctx, c.floor_ms) for c in mine})
         ax.plot(*zip(*floor), "k--", label="floor")
         ax.set(xscale="log", yscale="log", xlabel="context (tokens)",
                ylabel="ms/step (median, p10-p90)",
                title=f"{model} on {gpu}")
-        contexts = sorted({c["ctx"] for c in mine})
+        contexts = sorted({c.ctx for c in mine})
         ax.set_xticks(contexts, [str(c) for c in contexts], minor=False)
         ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         plain(ax.yaxis)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    return fig, [c["id"] for c in cells], None
+    return fig, [c.id for c in cells], None
 
 
 def ab_forest(experiments):
@@ -128,20 +128,20 @@ def quantised(cells):
     from floorline.models import resolve_model
     from floorline.traffic import WEIGHT_FORMATS, floor
 
-    quant = [c for c in _valid(cells) if WEIGHT_FORMATS[c["weight_format"]].bits < 16]
-    by_id = {c["id"]: c for c in cells}
+    quant = [c for c in _valid(cells) if WEIGHT_FORMATS[c.weight_format].bits < 16]
+    by_id = {c.id: c for c in cells}
     reduced = reductions(cells)
     ref = study()["quantised_ms"]
     # The study names Qwen2.5-7B as its model; its quantised cells are taken to be that model.
     spec, l4 = resolve_model("qwen2.5-7b"), lookup("l4")
     labels = [f"study, L4: {r['path']}" for r in ref] + [
-        f"{c['model']} {c['gpu']} ctx {c['ctx']}: {c['path']}" for c in quant]
-    measured = [r["ms"] for r in ref] + [c["median_ms"] for c in quant]
+        f"{c.model} {c.gpu} ctx {c.ctx}: {c.path}" for c in quant]
+    measured = [r["ms"] for r in ref] + [c.median_ms for c in quant]
     floors = ([floor(spec, l4, 2048, r["weight_format"]).floor_ms for r in ref]
-              + [c["floor_ms"] for c in quant])
+              + [c.floor_ms for c in quant])
     baselines = [ref[0]["ms"]] * len(ref) + [
-        by_id[reduced[c["id"]]["reference_id"]]["median_ms"]
-        if reduced.get(c["id"], {}).get("reference_id") else None for c in quant]
+        by_id[reduced[c.id]["reference_id"]].median_ms
+        if reduced.get(c.id, {}).get("reference_id") else None for c in quant]
     y = list(range(len(labels)))
     fig, ax = plt.subplots(figsize=(11, 0.3 * len(labels) + 1.6))
     ax.barh(y, measured, 0.7, color=["grey"] * len(ref) + ["tab:orange"] * len(quant),
@@ -164,9 +164,9 @@ def quantised(cells):
         "This database holds no quantised cells, so only the study's published L4 cells are "
         "drawn: `floorline sweep --paths engine-int4,bnb-nf4` measures some (`floorline paths` "
         "lists the quantised paths this machine can run).")
-    refs = [reduced[c["id"]]["reference_id"] for c in quant
-            if reduced.get(c["id"], {}).get("reference_id")]
-    return fig, [c["id"] for c in quant] + sorted(set(refs)), missing
+    refs = [reduced[c.id]["reference_id"] for c in quant
+            if reduced.get(c.id, {}).get("reference_id")]
+    return fig, [c.id for c in quant] + sorted(set(refs)), missing
 
 
 PARTS = (("floor_ms", "floor"),
@@ -199,25 +199,25 @@ NO_ENERGY = ("No cell here has its energy per token: `floorline sweep` measures 
 def energy_vs_time(cells):
     """Joules per token against ms per token (batch 1: one token a step), per path; log axes,
     since both span the paths' tenfold range."""
-    cells = [c for c in _valid(cells) if c["details"].get("energy")]
+    cells = [c for c in _valid(cells) if c.details.get("energy")]
     if not cells:
         return None, [], NO_ENERGY
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for path in sorted({c["path"] for c in cells}):
-        pts = [c for c in cells if c["path"] == path]
-        ax.scatter([c["median_ms"] for c in pts],
-                   [c["details"]["energy"]["joules_per_token"] for c in pts], label=path, alpha=0.8)
+    for path in sorted({c.path for c in cells}):
+        pts = [c for c in cells if c.path == path]
+        ax.scatter([c.median_ms for c in pts],
+                   [c.details["energy"]["joules_per_token"] for c in pts], label=path, alpha=0.8)
         for c in pts:
-            ax.annotate(f"{c['model']} ctx {c['ctx']}", (c["median_ms"],
-                        c["details"]["energy"]["joules_per_token"]), textcoords="offset points",
+            ax.annotate(f"{c.model} ctx {c.ctx}", (c.median_ms,
+                        c.details["energy"]["joules_per_token"]), textcoords="offset points",
                         xytext=(4, 4), fontsize=7)
-    ax.set(xscale="log", yscale="log", xlim=_log_range([c["median_ms"] for c in cells]),
-           ylim=_log_range([c["details"]["energy"]["joules_per_token"] for c in cells]),
+    ax.set(xscale="log", yscale="log", xlim=_log_range([c.median_ms for c in cells]),
+           ylim=_log_range([c.details["energy"]["joules_per_token"] for c in cells]),
            xlabel="ms/token (median of the timed steps)",
            ylabel="J/token (GPU energy over the timed steps)",
            title="Energy per token against time per token")
     plain(ax.xaxis)
     plain(ax.yaxis)
     ax.legend(fontsize=7)
-    return fig, [c["id"] for c in cells], None
+    return fig, [c.id for c in cells], None
 
