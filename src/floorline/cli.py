@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
+import random
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -12,11 +15,41 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
+from rich.text import Text
 
+from floorline import hardware
 from floorline.errors import FloorlineError, one_line
+from floorline.forecast import calibration
+from floorline.forecast.accuracy import LEVEL, forecast
+from floorline.hardware import CATALOGUE, lookup
+from floorline.measure import fleet
+from floorline.measure.ab import Plan, check_plan, run_ab
+from floorline.measure.cell import check_floor
+from floorline.measure.explain import check_context, explain_in_child
+from floorline.measure.fingerprint import environment, fingerprint_key
+from floorline.measure.fleet import LOCAL_CUDA, check_cluster
+from floorline.measure.probe import check_buffer
+from floorline.measure.probe import probe as run_probe
+from floorline.measure.reduction import describe, reductions
+from floorline.measure.runner import TIMEOUT_S, ChildFailed
+from floorline.measure.sweep import STUDY_CONTEXTS, Grid, Sweep, check_grid, default_grid
+from floorline.models import resolve_model, shipped_models
+from floorline.models.zoo import SOURCES
+from floorline.paths import REGISTRY, parse_path, require_available, unavailable
+from floorline.records import key_steps, key_warmup
 from floorline.stats import percent
-from floorline.store import CellRow
+from floorline.store import COLUMNS, CellRow, Store, merge
+from floorline.timing import REL_WIDTH
+from floorline.traffic import WEIGHT_FORMATS, count_parameters, floor
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                   help="Batch-1 LLM decode against its memory floor.")
@@ -84,8 +117,6 @@ def parse_count(text: str, option: str, least: int) -> int | None:
 
 def parse_rel_width(rel_width: float | None, steps: int | None) -> float:
     """--rel-width, which only `--steps auto` reads; default 0.01."""
-    from floorline.timing import REL_WIDTH
-
     if rel_width is None:
         return REL_WIDTH
     if steps is not None:
@@ -98,8 +129,6 @@ def parse_rel_width(rel_width: float | None, steps: int | None) -> float:
 
 def parse_timeout(timeout: float | None) -> float:
     """--timeout in seconds; default the runner's."""
-    from floorline.measure.runner import TIMEOUT_S
-
     if timeout is None:
         return TIMEOUT_S
     if not 1 <= timeout <= 1e6:
@@ -122,8 +151,6 @@ def default_device() -> str:
 
 def check_device(device: str | None) -> str:
     """The --device asked for (None: the default); an empty or unknown one is refused."""
-    import re
-
     import torch
 
     if device is None:
@@ -140,8 +167,6 @@ def check_device(device: str | None) -> str:
 
 
 def resolve_gpu(name: str | None, device: str):
-    from floorline import hardware
-
     return hardware.detect(device) if name is None else hardware.lookup(name)
 
 
@@ -166,15 +191,6 @@ def model_label(name: str, width: int = 40) -> str:
 def progress_bar():
     """Progress on stderr with the time left, estimated from the items done so far (redrawn in
     place on a terminal; in a log, one line when it ends)."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=err)
 
@@ -182,8 +198,6 @@ def progress_bar():
 def fleet_progress():
     """progress_bar() with a line per worker under it: its GPU, the cell it is measuring and
     how many it has finished. Returns the bar and the lines, by worker, to update."""
-    from rich.text import Text
-
     bar, lines = progress_bar(), {}
     bars = bar.get_renderables
 
@@ -203,10 +217,6 @@ def _num(v, fmt: str) -> str:
 @app.command()
 def models() -> None:
     """The shipped model architectures (any local directory with a config.json works too)."""
-    from floorline.models import resolve_model, shipped_models
-    from floorline.models.zoo import SOURCES
-    from floorline.traffic import count_parameters
-
     table = Table("model", "architecture", "params", "layers", "hidden", "heads/kv", "max ctx",
                   "tied", "source")
     for name in shipped_models():
@@ -224,8 +234,6 @@ def models() -> None:
 @app.command()
 def gpus() -> None:
     """The GPU catalogue: datasheet peak bandwidth, memory and SMs, with sources."""
-    from floorline.hardware import CATALOGUE
-
     table = Table("gpu", "name", "peak GB/s", "memory GB", "SMs", "source")
     for g in CATALOGUE:
         table.add_row(g.name, g.full_name, f"{g.peak_gbps:g}", f"{g.memory_gb:g}", str(g.sms),
@@ -236,8 +244,6 @@ def gpus() -> None:
 @app.command()
 def formats() -> None:
     """Weight formats of the floor: bits per weight, group metadata, what stays 16-bit."""
-    from floorline.traffic import WEIGHT_FORMATS
-
     table = Table("format", "linear bits/weight", "group", "metadata bits/group", "LM head bits",
                   "norms/biases bits", "layout")
     for f in WEIGHT_FORMATS.values():
@@ -253,8 +259,6 @@ def formats() -> None:
 @app.command("paths")
 def paths_cmd(device: DEVICE_OPTION = None) -> None:
     """Every base path: its weight format, the libraries it runs on, and whether it can run here."""
-    from floorline.paths import REGISTRY, parse_path, unavailable
-
     device = check_device(device)
     table = Table("path", "weights", "KV", "16-bit reference", "libraries", f"on {device}",
                   title="options: +compile, +graphs")
@@ -282,11 +286,6 @@ def floor_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
 ) -> None:
     """Bytes one decode step must move and the floor they set: analytic, no GPU needed."""
-    from floorline.measure.cell import check_floor
-    from floorline.measure.sweep import STUDY_CONTEXTS
-    from floorline.models import resolve_model
-    from floorline.traffic import floor
-
     contexts = parse_contexts(ctx) or STUDY_CONTEXTS
     spec = resolve_model(model, trust_remote_code)
     if gpu is None and default_device() == "cpu":
@@ -338,8 +337,6 @@ def energy_columns(e: dict | None) -> list[str]:
 def cells_table(rows: list[CellRow], title: str, probes: dict[str, dict]) -> Table:
     """Cells with their fraction of the datasheet floor and, where this environment was probed,
     of the floor at the measured streaming-read bandwidth."""
-    from floorline.measure.reduction import describe, reductions
-
     reduced = reductions(rows)
     columns = ["model", "ctx", "path", "gpu", "status", "ms/step", "p10-p90 ms", "floor ms",
                "of floor", "of measured", "GB/s"]
@@ -407,10 +404,6 @@ def sweep(
     timeout: TIMEOUT_OPTION = None,
 ) -> None:
     """Measure a grid of cells into the results database (bare: the study's grid, or the CPU demo)."""  # noqa: E501
-    from floorline.measure.sweep import Grid, Sweep, check_grid, default_grid
-    from floorline.records import key_steps, key_warmup
-    from floorline.store import Store
-
     step_count = parse_count(steps, "--steps", 1)
     width = parse_rel_width(rel_width, step_count)
     timeout_s = parse_timeout(timeout)
@@ -422,8 +415,6 @@ def sweep(
                            tuple(split_list(paths, "--paths")) or default.paths), trust_remote_code)
     keys = grid.cells(key_steps(step_count, width), key_warmup(warmup_count))
     if cluster is not None:
-        from floorline.hardware import lookup
-
         return fleet_sweep(keys, db, cluster, device, gpu and lookup(gpu), force, seed,
                            trust_remote_code, timeout_s)
     device_spec = resolve_gpu(gpu, device)
@@ -457,8 +448,6 @@ def sweep(
 
 def fleet_device(device: str | None, cluster: str) -> str:
     """The device each worker of a --cluster measures on: its GPU, or with --device cpu its CPU."""
-    from floorline.measure.fleet import LOCAL_CUDA, check_cluster
-
     check_cluster(cluster)
     if device not in (None, "cuda", "cpu"):
         raise FloorlineError(f"with --cluster, --device is 'cuda' (each worker's own GPU) or "
@@ -473,9 +462,6 @@ def fleet_sweep(keys, db: Path, cluster: str, device: str, gpu, force: bool, see
                 trust_remote_code: bool, timeout_s: float) -> None:
     """`sweep --cluster`: the cells as tasks on the cluster's workers, each committed here as
     it ends, with the fleet's progress."""
-    from floorline.measure import fleet
-    from floorline.store import Store
-
     with fleet.Fleet(cluster) as f:
         store = Store(db)
         err.print(f"Dask scheduler {f.address}: surveying its workers with a GPU", highlight=False,
@@ -541,14 +527,6 @@ def ab(
              "(workers of one kind of GPU).")] = None,
 ) -> None:
     """A/B of two paths over fresh sessions: speedup with a 95% BCa bootstrap interval."""
-    import contextlib
-    import random
-
-    from floorline.measure.ab import Plan, check_plan, run_ab
-    from floorline.measure.fingerprint import environment, fingerprint_key
-    from floorline.paths import parse_path
-    from floorline.store import Store
-
     warmup_count = parse_count(warmup, "--warmup", 0)
     timeout_s = parse_timeout(timeout)
     device = check_device(device) if cluster is None else fleet_device(device, cluster)
@@ -566,9 +544,6 @@ def ab(
             env = environment(device)
             run = lambda on_session: run_ab(plan, on_session)  # noqa: E731
         else:  # the GPU, environment and paths are the workers'
-            from floorline.hardware import lookup
-            from floorline.measure import fleet
-
             f = stack.enter_context(fleet.Fleet(cluster))
             worker = fleet.one_kind(f, device, gpu and lookup(gpu))
             plan, env = make_plan(worker["gpu"]), worker["env"]
@@ -633,12 +608,6 @@ def probe(
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
     """Measured bandwidth and launch cost of this card, stored beside the cells."""
-    from floorline.measure.fingerprint import environment, fingerprint_key
-    from floorline.measure.probe import check_buffer
-    from floorline.measure.probe import probe as run_probe
-    from floorline.models import resolve_model
-    from floorline.store import Store
-
     device = check_device(device)
     check_buffer(device, buffer_mib)
     spec = resolve_model(model, trust_remote_code) if model is not None else None
@@ -677,12 +646,6 @@ def explain_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
     """Where each millisecond of one cell goes: kernels, busy time, gaps, time per class."""
-    from floorline.measure.explain import check_context, explain_in_child
-    from floorline.measure.fingerprint import environment, fingerprint_key
-    from floorline.measure.runner import ChildFailed
-    from floorline.paths import parse_path, require_available
-    from floorline.store import Store
-
     warmup_count = parse_count(warmup, "--warmup", 0)
     timeout_s = parse_timeout(timeout)
     device = check_device(device)
@@ -735,7 +698,7 @@ def report(
         "--out", help="Folder for index.html, report.md and PNGs.")] = Path("report"),
 ) -> None:
     """The results database as plots and tables: HTML (self-contained) and Markdown."""
-    from floorline.report.build import build_report
+    from floorline.report.build import build_report  # loads matplotlib: only for this command
 
     try:
         written = build_report(db, out_dir)
@@ -761,13 +724,6 @@ def predict_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the forecast as JSON.")] = False,
 ) -> None:
     """Forecast ms/step on any catalogued GPU from measured terms, with a 90% interval."""
-    from floorline import hardware
-    from floorline.forecast import calibration
-    from floorline.forecast.accuracy import LEVEL, forecast
-    from floorline.models import resolve_model
-    from floorline.paths import parse_path
-    from floorline.store import Store
-
     if replace and db is None:
         raise FloorlineError("--replace needs --db: the database to fit from instead")
     model, gpu = resolve_model(model).name, hardware.lookup(gpu).name  # as the cells name them
@@ -810,13 +766,9 @@ def show(
         "--all", help="Every row, not only each cell's newest.")] = False,
 ) -> None:
     """The cells in the results database."""
-    from floorline.store import COLUMNS, Store
-
     store = Store(db, read_only=True)
     rows = store.rows(latest=not history, skip_damaged=True)
     if as_json:
-        from floorline.measure.reduction import reductions
-
         reduced = reductions(rows)
         print(json.dumps([{**r.as_dict(), "reduction": reduced.get(r.id)} for r in rows],
                          indent=2))
@@ -843,8 +795,6 @@ def merge_cmd(
 ) -> None:
     """Merge results databases into one: every cell, A/B experiment, explanation and probe the
     target does not already hold; each merged cell records the file and row it came from."""
-    from floorline.store import Store, merge
-
     resolved = target.resolve()
     if any(s.resolve() == resolved for s in sources):
         raise FloorlineError(f"{target} is both the target and a source")
@@ -883,7 +833,7 @@ def generate_cmd(
     gpu: GPU_OPTION = None,
 ) -> None:
     """Generate text with floorline's engine, streamed to stdout; speed against the floor on stderr."""  # noqa: E501
-    from floorline.engine.generate import generate
+    from floorline.engine.generate import generate  # loads torch, Triton and transformers
 
     device = check_device(device)
     gpu_spec = resolve_gpu(gpu, device)

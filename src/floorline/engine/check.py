@@ -24,7 +24,7 @@ from floorline.engine.model import DecoderConfig
 from floorline.engine.quant import quantize
 from floorline.engine.runtime import Engine
 from floorline.engine.weights import from_named
-from floorline.models import cache_keyword
+from floorline.models import build_model, cache_keyword
 
 
 @dataclass
@@ -113,8 +113,6 @@ def compare_with_transformers(spec, device: str, dtype: torch.dtype, *, prompt_l
                               graph: bool | None = None, weights: str = "bf16",
                               head: str = "bf16", group_size: int = 128) -> Comparison:
     from transformers import DynamicCache
-
-    from floorline.models import build_model
 
     device = str(device)
     graph = device.startswith("cuda") if graph is None else graph

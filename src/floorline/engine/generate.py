@@ -12,8 +12,13 @@ from pathlib import Path
 
 import torch
 
+from floorline.engine.kvcache import check_format
+from floorline.engine.runtime import Engine
 from floorline.engine.sampling import Sampler
 from floorline.errors import FloorlineError, one_line
+from floorline.models import resolve_model
+from floorline.models.zoo import shipped_name
+from floorline.traffic import engine_kv_format, engine_weight_format, floor
 
 # --dtype -> the engine's dtype and the floor's name for it (weights and KV cache alike).
 DTYPES = {"bfloat16": (torch.bfloat16, "bf16"), "float32": (torch.float32, "fp32")}
@@ -53,8 +58,6 @@ class GenerationResult:
     def summary(self, gpu) -> str:
         """One line: tokens, prefill, decode speed, and the fraction of the floor on `gpu` (a
         floorline DeviceSpec) at the final context."""
-        from floorline.traffic import floor
-
         n = len(self.ids)
         parts = [f"{n} new token{'s' if n > 1 else ''}"
                  + (" (stopped at EOS)" if self.stopped_at_eos else ""),
@@ -179,12 +182,6 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
     None: the checkpoint's own format), `head` (bf16, fp8) and `kv` (the KV cache: bf16, the
     16-bit dtype, or fp8) choose the engine's formats; a 16-bit checkpoint is quantised at
     load."""
-    from floorline.engine.kvcache import check_format
-    from floorline.engine.runtime import Engine
-    from floorline.models import resolve_model
-    from floorline.models.zoo import shipped_name
-    from floorline.traffic import engine_kv_format, engine_weight_format
-
     if dtype not in DTYPES:
         raise FloorlineError(f"dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
     check_format(kv)

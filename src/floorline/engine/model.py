@@ -42,6 +42,7 @@ from floorline.engine.kvcache import KVCache
 from floorline.engine.quant import dense
 from floorline.engine.weights import DecoderWeights
 from floorline.errors import FloorlineError
+from floorline.traffic import kv_layout
 
 
 class EngineUnsupported(FloorlineError):
@@ -81,8 +82,6 @@ class DecoderConfig:
 
     @classmethod
     def from_hf(cls, config) -> DecoderConfig:
-        from floorline.traffic import kv_layout
-
         cfg = config.get_text_config()
         kind = cfg.model_type
         if "moe" in kind or any(getattr(cfg, f, None) for f in ("num_experts",

@@ -24,6 +24,7 @@ import torch
 
 from floorline.engine import quant
 from floorline.errors import FloorlineError, one_line
+from floorline.layouts import awq
 
 
 @dataclass
@@ -283,8 +284,6 @@ def random_weights(config, device, dtype, seed: int, *, weights: str = "bf16",
     """Seeded normal(0, initializer_range) matrices and biases, norms near one, drawn on the
     device (a 7B model in seconds on a GPU); int4 matrices are drawn in AWQ's layout with the
     same spread and repacked, fp8 ones quantised from 16-bit draws."""
-    from floorline.layouts import awq
-
     generator = torch.Generator(device=device).manual_seed(seed)
     c = config
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from floorline.errors import FloorlineError
+
 STD = 0.02
 CHUNK = 1 << 24  # weights drawn per chunk, so that a 7B file is written in bounded memory
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
@@ -141,8 +143,6 @@ def write_random_gguf(config, path: Path, fmt: str, seed: int) -> None:
     """Writes a GGUF of `config` (a transformers config) in `fmt`."""
     import gguf
     import numpy as np
-
-    from floorline.errors import FloorlineError
 
     cfg = config.get_text_config()
     arch = ARCHITECTURES.get(cfg.model_type)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from floorline.errors import FloorlineError, one_line
-from floorline.hardware import DeviceSpec
+from floorline.hardware import DeviceSpec, detect
 from floorline.measure.ab import ABSummary, Plan, SessionResult, run_session, summarise_sessions
 from floorline.measure.fingerprint import environment, fingerprint_key
 from floorline.measure.runner import TIMEOUT_S, run_cell_in_child
@@ -77,8 +77,6 @@ def worker_gpu(device: str, given: DeviceSpec | None) -> DeviceSpec:
         return given
     if device not in _detected:
         import torch
-
-        from floorline.hardware import detect
 
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise FloorlineError(f"worker on {socket.gethostname()} sees no CUDA device (start "

@@ -13,6 +13,7 @@ import time
 
 from floorline.errors import FloorlineError
 from floorline.timing import l2_bytes, time_steps
+from floorline.traffic import count_parameters
 
 
 def _rotation(nbytes: int, device: str, budget: int) -> int:
@@ -109,8 +110,6 @@ def launch_us(device: str, launches: int = 2000) -> dict:
 
 def gemv_shapes(model) -> list[tuple[int, int]]:
     """The distinct (out, in) shapes of the model's linears, LM head included."""
-    from floorline.traffic import count_parameters
-
     return sorted(set(count_parameters(model).matrix_shapes))
 
 

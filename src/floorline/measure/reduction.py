@@ -9,13 +9,12 @@ so 100% means every byte saved came off the step, 0% none, and below 0 the step 
 
 from __future__ import annotations
 
+from floorline.paths import REGISTRY, parse_path
 from floorline.store import CellRow
 
 
 def reference_path(path_name: str) -> str | None:
     """`bnb-nf4+graphs` -> `hf-static+graphs`: the 16-bit path this one is measured against."""
-    from floorline.paths import REGISTRY, parse_path
-
     spec = parse_path(path_name)
     ref = REGISTRY[spec.base].reference
     if ref is None:

@@ -86,6 +86,8 @@ class EnginePath(Path):
         return {"triton": triton.__version__}
 
     def open(self, model, device: str, capacity: int, seed: int) -> Session:
+        # The engine loads torch and Triton: imported when a session opens, so that listing
+        # or parsing paths stays light.
         from floorline.engine import Engine
         from floorline.engine.model import EngineUnsupported
 

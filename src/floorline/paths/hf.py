@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from floorline.models import cache_keyword
+from floorline.models import build_model, cache_keyword
 from floorline.paths.base import Path, Session
 from floorline.traffic import kv_layout
 
@@ -66,8 +66,6 @@ class HFPath(Path):
     def build(self, model, device: str, seed: int):
         """The transformers model this path decodes with."""
         import torch
-
-        from floorline.models import build_model
 
         return build_model(model, device, getattr(torch, self.dtype_name), seed)
 

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path as FilePath
 
 from floorline.errors import FloorlineError
+from floorline.layouts.gguf import WRITER_VERSION, file_type, write_random_gguf
 from floorline.localcache import cache_dir
 from floorline.paths.base import Path, Session
 from floorline.paths.quantised import library_missing, library_version
@@ -53,8 +54,6 @@ def gguf_file(model, fmt: str, seed: int) -> FilePath:
     file type must be the path's); else seeded random weights of the model's config, written
     once into the cache."""
     import hashlib
-
-    from floorline.layouts.gguf import WRITER_VERSION, file_type, write_random_gguf
 
     directory = FilePath(model.name)
     found = sorted(directory.glob("*.gguf")) if directory.is_dir() else []

@@ -14,6 +14,7 @@ import importlib.util
 from abc import abstractmethod
 
 from floorline.errors import FloorlineError
+from floorline.models import build_model
 from floorline.models.zoo import quantisation_config as model_quantisation
 from floorline.paths.hf import HFPath
 
@@ -117,8 +118,6 @@ class PackedHFPath(QuantisedHFPath):
 
     def build(self, model, device: str, seed: int):
         import torch
-
-        from floorline.models import build_model
 
         qc = quantisation_config(model)
         if model.has_real_weights and qc is None:

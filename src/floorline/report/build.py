@@ -10,6 +10,9 @@ import re
 from pathlib import Path
 
 from floorline import stats
+from floorline.forecast.accuracy import coverage, leave_one_out
+from floorline.forecast.calibration import from_rows
+from floorline.forecast.published import study_check
 from floorline.report import figures
 from floorline.report.headline import headline
 from floorline.store import Store
@@ -134,10 +137,6 @@ def build_report(db: Path, out: Path) -> dict:
             drawn += f"; reference series from {study()['provenance']}"
         html_parts.append(f"<p class='source'>{prose_html(drawn)}.</p>")
         md_parts.append(drawn + ".")
-
-    from floorline.forecast.accuracy import coverage, leave_one_out
-    from floorline.forecast.calibration import from_rows
-    from floorline.forecast.published import study_check
 
     cal = from_rows(sources["cells"], sources["explanations"], store.probes(), "cell")
     loo = leave_one_out(cal)

@@ -9,8 +9,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, PercentFormatter  # noqa: E402
 
+from floorline.hardware import lookup  # noqa: E402
+from floorline.measure.reduction import reductions  # noqa: E402
+from floorline.models import resolve_model  # noqa: E402
 from floorline.stats import percent  # noqa: E402
 from floorline.study import study  # noqa: E402
+from floorline.traffic import WEIGHT_FORMATS, floor  # noqa: E402
 
 # Names come from paths, configs and databases: drawn as text, never parsed as math ($...$);
 # log axes are therefore labelled as plain numbers (plain() below), not as powers of ten.
@@ -36,8 +40,6 @@ def plain(axis) -> None:
 def fraction_vs_bandwidth(cells):
     """Fraction of the memory floor against peak bandwidth (the datasheet's, or the measured
     streaming read where a device has none, as on a CPU). Log x: bandwidths span 20 to 5000 GB/s."""
-    from floorline.hardware import lookup
-
     cells = _valid(cells)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for path in sorted({c.path for c in cells}):
@@ -123,11 +125,6 @@ def quantised(cells):
     """Quantised paths: ms/step as bars on a linear axis, each with its own floor and its 16-bit
     reference (the same runtime and options on 16-bit weights) as marks, the study's L4 cells
     beside."""
-    from floorline.hardware import lookup
-    from floorline.measure.reduction import reductions
-    from floorline.models import resolve_model
-    from floorline.traffic import WEIGHT_FORMATS, floor
-
     quant = [c for c in _valid(cells) if WEIGHT_FORMATS[c.weight_format].bits < 16]
     by_id = {c.id: c for c in cells}
     reduced = reductions(cells)
