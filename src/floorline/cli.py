@@ -220,14 +220,14 @@ def models() -> None:
     table = Table("model", "architecture", "params", "layers", "hidden", "heads/kv", "max ctx",
                   "tied", "source")
     for name in shipped_models():
-        spec = resolve_model(name)
-        cfg = spec.config.get_text_config()
-        counts = count_parameters(spec)
+        model_spec = resolve_model(name)
+        cfg = model_spec.config.get_text_config()
+        counts = count_parameters(model_spec)
         kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         table.add_row(name, cfg.model_type, f"{counts.total / 1e9:.3f} B",
                       str(cfg.num_hidden_layers), str(cfg.hidden_size),
                       f"{cfg.num_attention_heads}/{kv}",
-                      str(spec.max_context), "yes" if counts.tied else "no", SOURCES[name])
+                      str(model_spec.max_context), "yes" if counts.tied else "no", SOURCES[name])
     out.print(table)
 
 
@@ -287,12 +287,13 @@ def floor_cmd(
 ) -> None:
     """Bytes one decode step must move and the floor they set: analytic, no GPU needed."""
     contexts = parse_contexts(ctx) or STUDY_CONTEXTS
-    spec = resolve_model(model, trust_remote_code)
+    model_spec = resolve_model(model, trust_remote_code)
     if gpu is None and default_device() == "cpu":
         raise FloorlineError("no GPU here to detect: pass --gpu (see `floorline gpus`)")
     device_spec = resolve_gpu(gpu, "cuda")
-    floors = [check_floor(floor(spec, device_spec, c, weight_format, kv_dtype)) for c in contexts]
-    limit = spec.max_context
+    floors = [check_floor(floor(model_spec, device_spec, c, weight_format, kv_dtype))
+              for c in contexts]
+    limit = model_spec.max_context
     for c in contexts:
         if limit is not None and c > limit:
             err.print(f"note: ctx {c} is above the model's {limit} positions "
@@ -304,7 +305,7 @@ def floor_cmd(
         return
     table = Table("ctx", "weights GB", "KV GB", "total GB", "floor ms", "all-params GB",
                   "all-params floor ms",
-                  title=f"{escape(model_label(spec.name))} on {device_spec.name} "
+                  title=f"{escape(model_label(model_spec.name))} on {device_spec.name} "
                         f"({device_spec.peak_gbps:g} GB/s datasheet), "
                         f"weights {weight_format}, KV {kv_dtype}")
     for f in floors:
@@ -610,9 +611,10 @@ def probe(
     """Measured bandwidth and launch cost of this card, stored beside the cells."""
     device = check_device(device)
     check_buffer(device, buffer_mib)
-    spec = resolve_model(model, trust_remote_code) if model is not None else None
+    model_spec = resolve_model(model, trust_remote_code) if model is not None else None
     store = Store(db)
-    results = run_probe(device, spec, buffer_mib=buffer_mib, budget_mib=max(8 * buffer_mib, 2048))
+    results = run_probe(device, model_spec, buffer_mib=buffer_mib,
+                        budget_mib=max(8 * buffer_mib, 2048))
     env = environment(device)
     store.add_probe(device, results, env, fingerprint_key(env))
     if as_json:

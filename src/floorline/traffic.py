@@ -168,21 +168,22 @@ class Floor:
 
 
 @cache
-def count_parameters(spec: ModelSpec) -> ParamCounts:
+def count_parameters(model_spec: ModelSpec) -> ParamCounts:
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.pytorch_utils import Conv1D
 
     # A vision-language checkpoint (Gemma 3 4B and up) is counted by its language model: a
     # decode step reads none of the vision tower.
-    config = spec.config.get_text_config()
+    config = model_spec.config.get_text_config()
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(
-                config, trust_remote_code=spec.trust_remote_code
+                config, trust_remote_code=model_spec.trust_remote_code
             )
     except Exception as e:  # transformers raises many kinds for configs it cannot build
-        raise FloorlineError(f"{spec.name}: cannot build the model from its config ({e})") from None
+        raise FloorlineError(f"{model_spec.name}: cannot build the model from its config "
+                             f"({e})") from None
     embed = model.get_input_embeddings().weight
     head_module = model.get_output_embeddings()
     head = head_module.weight if head_module is not None else None
@@ -252,7 +253,7 @@ def kv_bytes(config, ctx: int, kv_dtype: str) -> int:
     return sum(per_token * ((ctx if w is None else min(ctx, w)) + 1) for w in windows)
 
 
-def floor(spec: ModelSpec, gpu: DeviceSpec, ctx: int, weight_format: str = "bf16",
+def floor(model_spec: ModelSpec, gpu: DeviceSpec, ctx: int, weight_format: str = "bf16",
           kv_dtype: str = "bf16") -> Floor:
     if weight_format not in WEIGHT_FORMATS:
         raise FloorlineError(f"unknown weight format '{weight_format}'; known: "
@@ -260,15 +261,16 @@ def floor(spec: ModelSpec, gpu: DeviceSpec, ctx: int, weight_format: str = "bf16
     if kv_dtype not in KV_FORMATS:
         raise FloorlineError(f"unknown KV dtype '{kv_dtype}'; known: {', '.join(KV_FORMATS)}")
     fmt = WEIGHT_FORMATS[weight_format]
-    counts = count_parameters(spec)
+    counts = count_parameters(model_spec)
     w = weight_bytes(counts, fmt)
-    kv = kv_bytes(spec.config, ctx, kv_dtype)
+    kv = kv_bytes(model_spec.config, ctx, kv_dtype)
     # The study's convention: every parameter (the whole input table too) plus the KV cache.
     all_params = w + round((0 if counts.tied else counts.input_embedding - counts.hidden_size)
                            * fmt.embed_bits / 8)
     bytes_per_ms = gpu.peak_gbps * 1e6
     return Floor(
-        model=spec.name, gpu=gpu.name, ctx=ctx, weight_format=weight_format, kv_dtype=kv_dtype,
+        model=model_spec.name, gpu=gpu.name, ctx=ctx, weight_format=weight_format,
+        kv_dtype=kv_dtype,
         weight_bytes=w, kv_bytes=kv, total_bytes=w + kv, peak_gbps=gpu.peak_gbps,
         floor_ms=(w + kv) / bytes_per_ms,
         total_bytes_all_params=all_params + kv,

@@ -108,7 +108,7 @@ def quantise_in_place(hf, reference, weights: str, head: str, group_size: int) -
 HF_CHUNK = 2048  # prompt tokens per transformers forward in the comparison
 
 
-def compare_with_transformers(spec, device: str, dtype: torch.dtype, *, prompt_len: int = 16,
+def compare_with_transformers(model_spec, device: str, dtype: torch.dtype, *, prompt_len: int = 16,
                               steps: int = 64, seed: int = 0, backend: str | None = None,
                               graph: bool | None = None, weights: str = "bf16",
                               head: str = "bf16", group_size: int = 128) -> Comparison:
@@ -116,7 +116,7 @@ def compare_with_transformers(spec, device: str, dtype: torch.dtype, *, prompt_l
 
     device = str(device)
     graph = device.startswith("cuda") if graph is None else graph
-    hf = build_model(spec.without_weights(), device, dtype, seed)
+    hf = build_model(model_spec.without_weights(), device, dtype, seed)
     perturb_(hf, seed)
     quantised = weights != "bf16" or head != "bf16"
     if head != "bf16" and hf.get_output_embeddings().weight is hf.get_input_embeddings().weight:
@@ -126,14 +126,14 @@ def compare_with_transformers(spec, device: str, dtype: torch.dtype, *, prompt_l
     reference = copy.deepcopy(hf).float() if dtype != torch.float32 else None
     made = quantise_in_place(hf, reference, weights, head, group_size)
     params = dict(hf.named_parameters())
-    config = DecoderConfig.from_hf(spec.config)
+    config = DecoderConfig.from_hf(model_spec.config)
     decoder_weights = from_named(config, params.__getitem__, device, dtype,
                                  linear=made.__getitem__ if weights != "bf16" else None)
     if head != "bf16":
         decoder_weights.head = made["lm_head"]
-    engine = Engine(spec, device, prompt_len + steps + 1, dtype=dtype, backend=backend,
+    engine = Engine(model_spec, device, prompt_len + steps + 1, dtype=dtype, backend=backend,
                     decoder_weights=decoder_weights)
-    result = Comparison(spec.name, str(dtype).removeprefix("torch."), engine.ops.name, graph,
+    result = Comparison(model_spec.name, str(dtype).removeprefix("torch."), engine.ops.name, graph,
                         steps, weights=weights, head=head)
     prompt = torch.randint(engine.config.vocab, (1, prompt_len),
                            generator=torch.Generator().manual_seed(seed)).to(device)

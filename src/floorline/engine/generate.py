@@ -36,7 +36,7 @@ class GenerationResult:
     prefill_ms: float  # the prompt's forward pass and the first new token read back
     decode_ms: float  # wall clock over the decode steps, each token read back included
     device_ms: float | None  # CUDA events around each graph replay; None on the CPU
-    spec: object = field(repr=False)  # the floorline ModelSpec, for the floor
+    model_spec: object = field(repr=False)  # the floorline ModelSpec, for the floor
 
     @property
     def steps(self) -> int:
@@ -68,7 +68,7 @@ class GenerationResult:
             if self.device_ms is not None:
                 parts.append(f"device {self.device_ms_per_step:.3f} ms/step")
             kv = self.kv_format
-            f = floor(self.spec, gpu, self.final_context, self.weight_format, kv)
+            f = floor(self.model_spec, gpu, self.final_context, self.weight_format, kv)
             parts.append(f"{f.floor_ms / self.ms_per_token:.1%} of the floor ({f.floor_ms:.3f} ms "
                          f"at ctx {f.ctx}, weights {self.weight_format}, KV {kv}, on {gpu.name} "
                          f"at {gpu.peak_gbps:g} GB/s)")
@@ -193,26 +193,27 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
         sampler = Sampler(temperature, top_p)
     except ValueError as e:
         raise FloorlineError(str(e)) from None
-    spec = resolve_model(str(model))
-    if not spec.has_real_weights:
+    model_spec = resolve_model(str(model))
+    if not model_spec.has_real_weights:
         what = ("is a shipped config without weights" if shipped_name(str(model))
                 else "holds no .safetensors weights")
         raise FloorlineError(f"{model} {what}: generate needs a checkpoint directory with "
                              "config.json, *.safetensors and a tokenizer")
-    tokenizer = load_tokenizer(spec.weights_dir)
-    check_tokenizer(spec.weights_dir, tokenizer, spec.config.get_text_config().vocab_size)
-    prompt_ids = encode(tokenizer, prompt, chat, spec.weights_dir)
+    tokenizer = load_tokenizer(model_spec.weights_dir)
+    vocab = model_spec.config.get_text_config().vocab_size
+    check_tokenizer(model_spec.weights_dir, tokenizer, vocab)
+    prompt_ids = encode(tokenizer, prompt, chat, model_spec.weights_dir)
     if not prompt_ids:
         raise FloorlineError("the prompt encodes to no tokens")
     capacity = len(prompt_ids) + max_new_tokens
-    if spec.max_context is not None and capacity > spec.max_context:
+    if model_spec.max_context is not None and capacity > model_spec.max_context:
         raise FloorlineError(f"{len(prompt_ids)} prompt tokens + {max_new_tokens} new tokens = "
-                             f"{capacity}, above the model's {spec.max_context} positions")
-    stop = eos_ids(spec.weights_dir, spec.config, tokenizer)
+                             f"{capacity}, above the model's {model_spec.max_context} positions")
+    stop = eos_ids(model_spec.weights_dir, model_spec.config, tokenizer)
     cuda = torch.device(device).type == "cuda"
     if cuda and torch.device(device).index is not None:
         torch.cuda.set_device(device)  # the kernels, the graph and the events use the current GPU
-    engine = Engine(spec, device, capacity, dtype=DTYPES[dtype][0], sampler=sampler,
+    engine = Engine(model_spec, device, capacity, dtype=DTYPES[dtype][0], sampler=sampler,
                     weights=weights, head=head, kv=kv)
     weight_format = engine_weight_format(engine.weights, engine.head, DTYPES[dtype][1])
     kv_format = engine_kv_format(kv, DTYPES[dtype][1])
@@ -253,4 +254,5 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
         stream.push(ids[-1])
     engine.close()
     return GenerationResult(prompt_ids, ids, stream.finish(), ids[-1] in stop, dtype,
-                            weight_format, kv_format, prefill_ms, decode_s * 1e3, device_ms, spec)
+                            weight_format, kv_format, prefill_ms, decode_s * 1e3, device_ms,
+                            model_spec)

@@ -100,8 +100,9 @@ def attention_fraction(cal: Calibration, fam: str) -> Term:
 def _explain_for(cal: Calibration, path: str) -> dict | None:
     """The path's own explain, else one of its graph-replayed twin (same kernels), else any of
     its family, preferring its kind."""
-    spec = parse_path(path)
-    twin = parse_path(path.replace("+graphs", "") + "+graphs").name if not spec.graphs else path
+    path_spec = parse_path(path)
+    twin = (path if path_spec.graphs
+            else parse_path(path.replace("+graphs", "") + "+graphs").name)
     ranked = sorted((e for e in cal.explanations if family(e["path"]) == family(path)),
                     key=lambda e: (e["path"] != path, e["path"] != twin,
                                    kind(e["path"]) != kind(path)))
@@ -134,8 +135,8 @@ def weight_fraction(cal: Calibration, path: str, terms: dict[str, Term]) -> Term
     """From the path's graph-replayed cells: what is left of each step after attention and the
     small kernels, against its weight bytes (median over cells). A host-bound path takes its
     graph-replayed twin's (same kernels), else explain's matrix-vector time, else the probe."""
-    spec = parse_path(path)
-    source_path = path if spec.graphs else parse_path(path + "+graphs").name \
+    path_spec = parse_path(path)
+    source_path = path if path_spec.graphs else parse_path(path + "+graphs").name \
         if family(path).startswith(TRANSFORMERS) else path
     eta_a = terms["attention's fraction of peak"].value
     values = []

@@ -74,8 +74,8 @@ def prepare_cell(key: CellKey, model, device: str, gpu: DeviceSpec,
     """The cell of `model` (resolved) before it runs: invalid, with its floor and what it will
     run, and its budget; no budget, and the reason, where it cannot run here (a floor of
     impossible bytes, no room for its steps, a path unavailable). Cheap: no model is built."""
-    spec = parse_path(key.path)
-    path = REGISTRY[spec.base]
+    path_spec = parse_path(key.path)
+    path = REGISTRY[path_spec.base]
     cell = CellResult(key, gpu.name, INVALID)
     cell_floor = floor(model, gpu, key.ctx, path.weight_format, path.kv_dtype)
     cell.floor = cell_floor.as_dict()
@@ -89,7 +89,7 @@ def prepare_cell(key: CellKey, model, device: str, gpu: DeviceSpec,
         ref_floor = floor(model, gpu, key.ctx, ref.weight_format, ref.kv_dtype)
         cell.details["reference"] = {"path": reference_path(key.path),
                                      "total_bytes": ref_floor.total_bytes}
-    if spec.compile:
+    if path_spec.compile:
         cell.details["compile_mode"] = compile_mode(device)
     cell.reason = floor_problem(cell_floor)
     if cell.reason:
@@ -97,12 +97,12 @@ def prepare_cell(key: CellKey, model, device: str, gpu: DeviceSpec,
     # Room for the most steps the plan may run; the details say how many cached tokens the
     # first and the last timed step read (the floor counts ctx).
     try:
-        budget = step_budget(key.plan, key.ctx, model.max_context, graphs=spec.graphs)
+        budget = step_budget(key.plan, key.ctx, model.max_context, graphs=path_spec.graphs)
     except FloorlineError as e:
         cell.reason = str(e)
         return cell, None
     cell.details.update(prompt_tokens=budget.prompt, **budget.plan.describe())
-    reason = unavailable(spec, device)
+    reason = unavailable(path_spec, device)
     if reason is not None:
         cell.reason = f"path unavailable: {reason}"
         return cell, None
@@ -119,11 +119,11 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
     cell, budget = prepare_cell(key, model, device, gpu, seed)
     if budget is None:
         return cell
-    spec, prompt = parse_path(key.path), budget.prompt
+    path_spec, prompt = parse_path(key.path), budget.prompt
     session = None
     try:
         with torch.no_grad():
-            session = open_session(spec, model, device, prompt + budget.decode, seed)
+            session = open_session(path_spec, model, device, prompt + budget.decode, seed)
             session.prefill(prompt)
             cell.details.update(session.prefill_details())
             meter, note = open_meter(device)

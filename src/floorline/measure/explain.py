@@ -129,8 +129,8 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    spec, model = parse_path(path), resolve_model(model_name)
-    runtime = REGISTRY[spec.base]
+    path_spec, model = parse_path(path), resolve_model(model_name)
+    runtime = REGISTRY[path_spec.base]
     f = floor(model, gpu, ctx, runtime.weight_format, runtime.kv_dtype)
     fmt = WEIGHT_FORMATS[runtime.weight_format]
     *linears, head = count_parameters(model).matrix_shapes
@@ -142,7 +142,7 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     # Kineto writes its own start and stop lines to stderr unless told otherwise.
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")
     with torch.no_grad():
-        session = open_session(spec, model, device, fit.prompt + fit.decode, seed)
+        session = open_session(path_spec, model, device, fit.prompt + fit.decode, seed)
         try:
             session.prefill(fit.prompt)
             timing = run_plan(session.step, device, fit.plan)
@@ -159,7 +159,7 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
         raise RuntimeError("the profiler recorded no kernels")
     classes = by_class(events, steps, {"matrix-vector": matrix_bytes, "attention": f.kv_bytes})
     return {
-        "model": model.name, "ctx": ctx, "path": spec.name, "gpu": gpu.name, "device": device,
+        "model": model.name, "ctx": ctx, "path": path_spec.name, "gpu": gpu.name, "device": device,
         "steps": steps, "warmup_steps": timing.warmup_steps, "steady": timing.steady,
         "kernels_per_step": len(events) / steps,
         "decomposition": decompose(classes, events, steps, median, f.floor_ms),

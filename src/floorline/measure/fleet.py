@@ -87,9 +87,9 @@ def worker_gpu(device: str, given: DeviceSpec | None) -> DeviceSpec:
 
 def describe_worker(device: str, gpu: DeviceSpec | None, dask_worker) -> dict:
     """Runs on a worker: its name, host, the GPU it measures on and its environment."""
-    spec = worker_gpu(device, gpu)
+    device_spec = worker_gpu(device, gpu)
     env = environment(device)
-    return {"name": str(dask_worker.name), "host": socket.gethostname(), "gpu": spec.name,
+    return {"name": str(dask_worker.name), "host": socket.gethostname(), "gpu": device_spec.name,
             "env": env, "env_key": fingerprint_key(env)}
 
 

@@ -15,11 +15,11 @@ from floorline.store import CellRow
 
 def reference_path(path_name: str) -> str | None:
     """`bnb-nf4+graphs` -> `hf-static+graphs`: the 16-bit path this one is measured against."""
-    spec = parse_path(path_name)
-    ref = REGISTRY[spec.base].reference
+    path_spec = parse_path(path_name)
+    ref = REGISTRY[path_spec.base].reference
     if ref is None:
         return None
-    return ref + path_name[len(spec.base):]
+    return ref + path_name[len(path_spec.base):]
 
 
 def reductions(rows: list[CellRow]) -> dict[int, dict]:

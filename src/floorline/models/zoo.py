@@ -243,7 +243,7 @@ def resolve_model(name_or_dir: str, trust_remote_code: bool = False) -> ModelSpe
     return ModelSpec(str(directory), config, weights, trust_remote_code)
 
 
-def build_model(spec: ModelSpec, device: str, dtype, seed: int = 0):
+def build_model(model_spec: ModelSpec, device: str, dtype, seed: int = 0):
     """The model on `device`, in eval mode: real weights from safetensors, or seeded random ones.
 
     Random weights are drawn on the target device itself (building a 7B model on the CPU first
@@ -253,15 +253,16 @@ def build_model(spec: ModelSpec, device: str, dtype, seed: int = 0):
     import torch
     from transformers import AutoModelForCausalLM
 
-    common = dict(dtype=dtype, attn_implementation="sdpa", trust_remote_code=spec.trust_remote_code)
-    if spec.has_real_weights:
+    common = dict(dtype=dtype, attn_implementation="sdpa",
+                  trust_remote_code=model_spec.trust_remote_code)
+    if model_spec.has_real_weights:
         model = AutoModelForCausalLM.from_pretrained(
-            spec.weights_dir, device_map=device, use_safetensors=True, **common
+            model_spec.weights_dir, device_map=device, use_safetensors=True, **common
         )
     else:
         torch.manual_seed(seed)
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(spec.config, **common)
+            model = AutoModelForCausalLM.from_config(model_spec.config, **common)
     return model.eval().requires_grad_(False)
 
 

@@ -27,7 +27,7 @@ class Session(ABC):
     # None when step() reads and writes only fixed buffers of fixed shape and keeps no state on
     # the host, so that it can be compiled without recompiling and captured once in a CUDA
     # graph; otherwise why not.
-    not_static: str | None = "its step is not known to be static"
+    not_static_reason: str | None = "its step is not known to be static"
 
     @abstractmethod
     def prefill(self, ctx: int) -> None: ...
@@ -46,7 +46,9 @@ class Session(ABC):
         return {}
 
 
-class Path(ABC):
+class DecodePath(ABC):
+    """A path: one way of running a model's decode step (a runtime, its weight and KV formats)."""
+
     name: str
     weight_format = "bf16"
     kv_dtype = "bf16"
@@ -73,7 +75,7 @@ class Path(ABC):
 class GraphedSession(Session):
     """Captures the inner session's step once, after prefill, and replays it."""
 
-    not_static = None
+    not_static_reason = None
 
     def __init__(self, inner: Session):
         self.inner = inner

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import time
 
-from floorline.paths.base import Path, PathUnavailable, Session
+from floorline.paths.base import DecodePath, PathUnavailable, Session
 from floorline.traffic import engine_kv_format, engine_weight_format
 
 
 class EngineSession(Session):
-    not_static = ("the engine captures its own step in one CUDA graph, and its kernels are "
-                  "Triton's, not torch.compile's")
+    not_static_reason = ("the engine captures its own step in one CUDA graph, and its kernels "
+                         "are Triton's, not torch.compile's")
 
     def __init__(self, engine, device: str, seed: int):
         self.engine, self.device, self.seed = engine, device, seed
@@ -55,7 +55,7 @@ class EngineSession(Session):
             torch.cuda.empty_cache()
 
 
-class EnginePath(Path):
+class EnginePath(DecodePath):
     def __init__(self, weights: str = "bf16", head: str = "bf16", kv: str = "bf16"):
         self.weights, self.head, self.kv = weights, head, kv
         self.name = "engine" + ("" if weights == "bf16" else f"-{weights}") + \

@@ -5,14 +5,14 @@ from __future__ import annotations
 import gc
 
 from floorline.models import build_model, cache_keyword
-from floorline.paths.base import Path, Session
+from floorline.paths.base import DecodePath, Session
 from floorline.traffic import kv_layout
 
 
 class HFSession(Session):
-    def __init__(self, model, cache, device: str, seed: int, not_static: str | None):
+    def __init__(self, model, cache, device: str, seed: int, not_static_reason: str | None):
         self.model, self.cache, self.device, self.seed = model, cache, device, seed
-        self.not_static = not_static
+        self.not_static_reason = not_static_reason
         self.forward = model.forward
         self.cache_keyword = cache_keyword(model)
         self._recompile_guard = None
@@ -56,7 +56,7 @@ class HFSession(Session):
             torch.cuda.empty_cache()
 
 
-class HFPath(Path):
+class HFPath(DecodePath):
     dtype_name = "bfloat16"
 
     def __init__(self, cache: str):
@@ -79,8 +79,8 @@ class HFPath(Path):
                              "DynamicCache grows its tensors by one token every step")
         cache = StaticCache(config=hf_model.config, max_cache_len=capacity)
         _, windows = kv_layout(hf_model.config)
-        not_static = None
+        not_static_reason = None
         if any(w is not None for w in windows):
-            not_static = ("transformers' static sliding-window layers count tokens in a Python "
-                          "int, which a graph or a compiled step would freeze")
-        return HFSession(hf_model, cache, device, seed, not_static)
+            not_static_reason = ("transformers' static sliding-window layers count tokens in a "
+                                 "Python int, which a graph or a compiled step would freeze")
+        return HFSession(hf_model, cache, device, seed, not_static_reason)

@@ -16,12 +16,12 @@ import ctypes
 import glob
 import os
 import sys
-from pathlib import Path as FilePath
+from pathlib import Path
 
 from floorline.errors import FloorlineError
 from floorline.layouts.gguf import WRITER_VERSION, file_type, write_random_gguf
 from floorline.localcache import cache_dir
-from floorline.paths.base import Path, Session
+from floorline.paths.base import DecodePath, Session
 from floorline.paths.quantised import library_missing, library_version
 
 N_BATCH = 2048  # prefill tokens per llama_decode call, llama.cpp's default
@@ -49,13 +49,13 @@ def load_llama_cpp(device: str):
     return llama_cpp
 
 
-def gguf_file(model, fmt: str, seed: int) -> FilePath:
+def gguf_file(model, fmt: str, seed: int) -> Path:
     """The GGUF this cell runs: the one .gguf file of a model directory, loaded as it is (its
     file type must be the path's); else seeded random weights of the model's config, written
     once into the cache."""
     import hashlib
 
-    directory = FilePath(model.name)
+    directory = Path(model.name)
     found = sorted(directory.glob("*.gguf")) if directory.is_dir() else []
     if len(found) > 1:
         raise FloorlineError(f"{directory} holds {len(found)} .gguf files; keep one")
@@ -92,10 +92,10 @@ def model_params(L, device: str):
 
 
 class LlamaCppSession(Session):
-    not_static = ("llama.cpp replays its own CUDA graphs inside llama_decode; floorline cannot "
-                  "capture or compile its step")
+    not_static_reason = ("llama.cpp replays its own CUDA graphs inside llama_decode; floorline "
+                         "cannot capture or compile its step")
 
-    def __init__(self, L, file: FilePath, device: str, capacity: int, seed: int):
+    def __init__(self, L, file: Path, device: str, capacity: int, seed: int):
         import numpy as np
 
         self.L, self.seed = L, seed
@@ -161,7 +161,7 @@ class LlamaCppSession(Session):
         self.batch = self.ctx = self.model = None
 
 
-class LlamaCppPath(Path):
+class LlamaCppPath(DecodePath):
     kv_dtype = "fp16"
     module, distribution, extra = "llama_cpp", "llama-cpp-python", "llamacpp"
 
@@ -180,7 +180,7 @@ class LlamaCppPath(Path):
                 "gguf": library_version("gguf")}
 
     def real_weights(self, model) -> bool:
-        directory = FilePath(model.name)
+        directory = Path(model.name)
         return directory.is_dir() and any(directory.glob("*.gguf"))
 
     def open(self, model, device: str, capacity: int, seed: int) -> Session:

@@ -48,8 +48,8 @@ def replace_linears(model, make) -> int:
     return len(targets)
 
 
-def quantisation_config(spec) -> dict | None:
-    return model_quantisation(spec.config)
+def quantisation_config(model_spec) -> dict | None:
+    return model_quantisation(model_spec.config)
 
 
 class QuantisedHFPath(HFPath):

@@ -130,11 +130,11 @@ def quantised(cells):
     reduced = reductions(cells)
     ref = study()["quantised_ms"]
     # The study names Qwen2.5-7B as its model; its quantised cells are taken to be that model.
-    spec, l4 = resolve_model("qwen2.5-7b"), lookup("l4")
+    model_spec, l4 = resolve_model("qwen2.5-7b"), lookup("l4")
     labels = [f"study, L4: {r['path']}" for r in ref] + [
         f"{c.model} {c.gpu} ctx {c.ctx}: {c.path}" for c in quant]
     measured = [r["ms"] for r in ref] + [c.median_ms for c in quant]
-    floors = ([floor(spec, l4, 2048, r["weight_format"]).floor_ms for r in ref]
+    floors = ([floor(model_spec, l4, 2048, r["weight_format"]).floor_ms for r in ref]
               + [c.floor_ms for c in quant])
     baselines = [ref[0]["ms"]] * len(ref) + [
         by_id[reduced[c.id]["reference_id"]].median_ms
