@@ -94,8 +94,8 @@ def test_bnb_path_quantises_every_decoder_linear_and_decodes(name, fmt):
     kind = bnb.nn.Linear4bit if fmt == "nf4" else bnb.nn.Linear8bitLt
     with torch.no_grad():
         session = open_session(parse_path(name), resolve_model("tiny-qwen2"), "cpu", 40, seed=1)
-        linears = [m for m in session.model.modules() if isinstance(m, torch.nn.Linear)]
-        head = session.model.get_output_embeddings()
+        linears = [m for m in session.hf_model.modules() if isinstance(m, torch.nn.Linear)]
+        head = session.hf_model.get_output_embeddings()
         assert all(isinstance(m, kind) for m in linears if m is not head)
         assert not isinstance(head, kind) and head.weight.dtype == torch.bfloat16
         session.prefill(16)
@@ -116,7 +116,7 @@ def test_bnb_nf4_logits_follow_its_dequantised_weights():
     with torch.no_grad():
         session = open_session(parse_path("bnb-nf4"), resolve_model("tiny-llama"), "cpu", 40,
                                seed=2)
-        model = session.model
+        model = session.hf_model
         x = torch.randint(512, (1, 12), generator=torch.Generator().manual_seed(0))
         quantised = model(x).logits.float()
         for name, m in list(model.named_modules()):
@@ -139,7 +139,7 @@ def test_bnb_nf4_stores_what_its_format_counts():
     with torch.no_grad():
         session = open_session(parse_path("bnb-nf4"), resolve_model("tiny-llama"), "cpu", 40,
                                seed=1)
-        for m in session.model.modules():
+        for m in session.hf_model.modules():
             if type(m).__name__ == "Linear4bit":
                 state = m.weight.quant_state
                 stored = m.weight.numel() * m.weight.element_size()

@@ -178,17 +178,17 @@ def count_parameters(model_spec: ModelSpec) -> ParamCounts:
     config = model_spec.config.get_text_config()
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(
+            hf_model = AutoModelForCausalLM.from_config(
                 config, trust_remote_code=model_spec.trust_remote_code
             )
     except Exception as e:  # transformers raises many kinds for configs it cannot build
         raise FloorlineError(f"{model_spec.name}: cannot build the model from its config "
                              f"({e})") from None
-    embed = model.get_input_embeddings().weight
-    head_module = model.get_output_embeddings()
+    embed = hf_model.get_input_embeddings().weight
+    head_module = hf_model.get_output_embeddings()
     head = head_module.weight if head_module is not None else None
     shapes, bias = [], 0
-    for module in model.modules():
+    for module in hf_model.modules():
         if module is head_module:
             continue
         if isinstance(module, torch.nn.Linear):
@@ -199,7 +199,7 @@ def count_parameters(model_spec: ModelSpec) -> ParamCounts:
             continue
         bias += module.bias.numel() if module.bias is not None else 0
     return ParamCounts(
-        total=sum(p.numel() for p in model.parameters()),
+        total=sum(p.numel() for p in hf_model.parameters()),
         input_embedding=embed.numel(),
         tied=head is not None and head is embed,
         hidden_size=embed.shape[1],

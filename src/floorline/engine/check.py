@@ -75,11 +75,11 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def perturb_(model, seed: int) -> None:
+def perturb_(hf_model, seed: int) -> None:
     """Norm weights and biases away from transformers' ones and zeros, so that a kernel that
     ignored or misindexed them would show."""
     generator = torch.Generator(device="cpu").manual_seed(seed)
-    for name, p in model.named_parameters():
+    for name, p in hf_model.named_parameters():
         if name.endswith("norm.weight") or name.endswith(".bias"):
             noise = torch.randn(p.shape, generator=generator).to(p.device, p.dtype)
             p.add_(0.1 * noise)
@@ -140,13 +140,13 @@ def compare_with_transformers(model_spec, device: str, dtype: torch.dtype, *, pr
     caches = {id(m): DynamicCache(config=m.config) for m in (hf, reference, original)
               if m is not None}
 
-    def hf_logits(model, tokens, start):
+    def hf_logits(hf_model, tokens, start):
         # a long prompt in pieces: attention with a mask can take transformers' math path,
         # whose scores for a whole 32k prompt would not fit on the GPU
         for at in range(0, tokens.shape[1], HF_CHUNK):
             piece = tokens[:, at:at + HF_CHUNK]
             positions = torch.arange(start + at, start + at + piece.shape[1], device=device)
-            out = model(input_ids=piece, **{cache_keyword(model): caches[id(model)]},
+            out = hf_model(input_ids=piece, **{cache_keyword(hf_model): caches[id(hf_model)]},
                         use_cache=True, cache_position=positions, position_ids=positions[None],
                         logits_to_keep=1)
         return out.logits[0, -1].float()

@@ -186,7 +186,7 @@ def summarise_sessions(plan: Plan, sessions: list[SessionResult]) -> ABSummary:
 
 
 def check_plan(plan: Plan) -> None:
-    model = resolve_model(plan.model, plan.trust_remote_code)
+    model_spec = resolve_model(plan.model, plan.trust_remote_code)
     for arm in (plan.a, plan.b):
         require_available(parse_path(arm), plan.device)
     if plan.sessions < 1 or plan.steps < 1 or plan.block < 1:
@@ -195,7 +195,7 @@ def check_plan(plan: Plan) -> None:
         raise FloorlineError("warm-up must be 'auto' or at least 0")
     # A context that leaves no room for a session's steps is refused here.
     for arms in [(plan.a, plan.b)] if plan.paired else [(plan.a,), (plan.b,)]:
-        job_budget(_job(plan, arms, 0), model.max_context)
+        job_budget(_job(plan, arms, 0), model_spec.max_context)
 
 
 def run_ab(plan: Plan, on_session: Callable[[SessionResult], None] = lambda s: None) -> ABSummary:

@@ -69,24 +69,24 @@ def check_floor(f):
     return f
 
 
-def prepare_cell(key: CellKey, model, device: str, gpu: DeviceSpec,
+def prepare_cell(key: CellKey, model_spec, device: str, gpu: DeviceSpec,
                  seed: int) -> tuple[CellResult, Budget | None]:
-    """The cell of `model` (resolved) before it runs: invalid, with its floor and what it will
+    """The cell of `model_spec` (resolved) before it runs: invalid, with its floor and what it will
     run, and its budget; no budget, and the reason, where it cannot run here (a floor of
     impossible bytes, no room for its steps, a path unavailable). Cheap: no model is built."""
     path_spec = parse_path(key.path)
     path = REGISTRY[path_spec.base]
     cell = CellResult(key, gpu.name, INVALID)
-    cell_floor = floor(model, gpu, key.ctx, path.weight_format, path.kv_dtype)
+    cell_floor = floor(model_spec, gpu, key.ctx, path.weight_format, path.kv_dtype)
     cell.floor = cell_floor.as_dict()
     cell.details = {"seed": seed, "device": device, "peak_source": gpu.source,
-                    "real_weights": path.real_weights(model)}
+                    "real_weights": path.real_weights(model_spec)}
     libraries = path.versions()
     if libraries:
         cell.details["libraries"] = libraries
     if path.reference is not None:
         ref = REGISTRY[path.reference]
-        ref_floor = floor(model, gpu, key.ctx, ref.weight_format, ref.kv_dtype)
+        ref_floor = floor(model_spec, gpu, key.ctx, ref.weight_format, ref.kv_dtype)
         cell.details["reference"] = {"path": reference_path(key.path),
                                      "total_bytes": ref_floor.total_bytes}
     if path_spec.compile:
@@ -97,7 +97,7 @@ def prepare_cell(key: CellKey, model, device: str, gpu: DeviceSpec,
     # Room for the most steps the plan may run; the details say how many cached tokens the
     # first and the last timed step read (the floor counts ctx).
     try:
-        budget = step_budget(key.plan, key.ctx, model.max_context, graphs=path_spec.graphs)
+        budget = step_budget(key.plan, key.ctx, model_spec.max_context, graphs=path_spec.graphs)
     except FloorlineError as e:
         cell.reason = str(e)
         return cell, None
@@ -115,15 +115,15 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
     and close; every failure a user can meet comes back as an invalid cell."""
     import torch
 
-    model = resolve_model(key.model, trust_remote_code)
-    cell, budget = prepare_cell(key, model, device, gpu, seed)
+    model_spec = resolve_model(key.model_spec, trust_remote_code)
+    cell, budget = prepare_cell(key, model_spec, device, gpu, seed)
     if budget is None:
         return cell
     path_spec, prompt = parse_path(key.path), budget.prompt
     session = None
     try:
         with torch.no_grad():
-            session = open_session(path_spec, model, device, prompt + budget.decode, seed)
+            session = open_session(path_spec, model_spec, device, prompt + budget.decode, seed)
             session.prefill(prompt)
             cell.details.update(session.prefill_details())
             meter, note = open_meter(device)

@@ -118,10 +118,10 @@ def check_context(model_name: str, ctx: int, path: str, gpu: DeviceSpec, steps: 
                   warmup: int | None) -> None:
     """One line where the sweep would call this cell invalid: a context (with the steps run
     after it) above the model's positions, or a floor of impossible bytes."""
-    model = resolve_model(model_name)
-    budget(path, steps, warmup, ctx, model.max_context)
+    model_spec = resolve_model(model_name)
+    budget(path, steps, warmup, ctx, model_spec.max_context)
     runtime = REGISTRY[parse_path(path).base]
-    check_floor(floor(model, gpu, ctx, runtime.weight_format, runtime.kv_dtype))
+    check_floor(floor(model_spec, gpu, ctx, runtime.weight_format, runtime.kv_dtype))
 
 
 def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
@@ -129,20 +129,20 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    path_spec, model = parse_path(path), resolve_model(model_name)
+    path_spec, model_spec = parse_path(path), resolve_model(model_name)
     runtime = REGISTRY[path_spec.base]
-    f = floor(model, gpu, ctx, runtime.weight_format, runtime.kv_dtype)
+    f = floor(model_spec, gpu, ctx, runtime.weight_format, runtime.kv_dtype)
     fmt = WEIGHT_FORMATS[runtime.weight_format]
-    *linears, head = count_parameters(model).matrix_shapes
+    *linears, head = count_parameters(model_spec).matrix_shapes
     matrix_bytes = sum(fmt.linear_bytes(o, i) for o, i in linears) + fmt.head_bytes(*head)
     activities = [ProfilerActivity.CPU]
     if device.startswith("cuda"):
         activities.append(ProfilerActivity.CUDA)
-    fit = budget(path, steps, warmup, ctx, model.max_context)
+    fit = budget(path, steps, warmup, ctx, model_spec.max_context)
     # Kineto writes its own start and stop lines to stderr unless told otherwise.
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")
     with torch.no_grad():
-        session = open_session(path_spec, model, device, fit.prompt + fit.decode, seed)
+        session = open_session(path_spec, model_spec, device, fit.prompt + fit.decode, seed)
         try:
             session.prefill(fit.prompt)
             timing = run_plan(session.step, device, fit.plan)
@@ -159,7 +159,8 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
         raise RuntimeError("the profiler recorded no kernels")
     classes = by_class(events, steps, {"matrix-vector": matrix_bytes, "attention": f.kv_bytes})
     return {
-        "model": model.name, "ctx": ctx, "path": path_spec.name, "gpu": gpu.name, "device": device,
+        "model": model_spec.name, "ctx": ctx, "path": path_spec.name, "gpu": gpu.name,
+        "device": device,
         "steps": steps, "warmup_steps": timing.warmup_steps, "steady": timing.steady,
         "kernels_per_step": len(events) / steps,
         "decomposition": decompose(classes, events, steps, median, f.floor_ms),

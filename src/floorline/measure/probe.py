@@ -108,9 +108,9 @@ def launch_us(device: str, launches: int = 2000) -> dict:
     return result
 
 
-def gemv_shapes(model) -> list[tuple[int, int]]:
+def gemv_shapes(model_spec) -> list[tuple[int, int]]:
     """The distinct (out, in) shapes of the model's linears, LM head included."""
-    return sorted(set(count_parameters(model).matrix_shapes))
+    return sorted(set(count_parameters(model_spec).matrix_shapes))
 
 
 def free_bytes(device: str) -> int:
@@ -136,7 +136,7 @@ def check_buffer(device: str, buffer_mib: int) -> None:
                              f"{device}")
 
 
-def probe(device: str, model=None, buffer_mib: int = 1024, budget_mib: int = 8192) -> dict:
+def probe(device: str, model_spec=None, buffer_mib: int = 1024, budget_mib: int = 8192) -> dict:
     nbytes, budget = buffer_mib * 2**20, budget_mib * 2**20
     results = {
         "stream_read_gbps": stream_read_gbps(device, nbytes, budget),
@@ -146,8 +146,8 @@ def probe(device: str, model=None, buffer_mib: int = 1024, budget_mib: int = 819
                    "MiB); median of 20 timed passes; copy counts read + write; GEMV is a one-row "
                    "bf16 F.linear, replayed in a CUDA graph on GPUs"),
     }
-    if model is not None:
-        results["model"] = model.name
+    if model_spec is not None:
+        results["model"] = model_spec.name
         results["gemv_gbps"] = {f"{o}x{i}": gemv_gbps(device, (o, i), budget)
-                                for o, i in gemv_shapes(model)}
+                                for o, i in gemv_shapes(model_spec)}
     return results

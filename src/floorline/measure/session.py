@@ -58,14 +58,14 @@ def run_job(job: Job) -> dict:
     where not measured, with the reason), and which arm went first."""
     import torch
 
-    model = resolve_model(job.model, job.trust_remote_code)
+    model_spec = resolve_model(job.model_spec, job.trust_remote_code)
     specs = [parse_path(a) for a in job.arms]
     rounds = -(-job.steps // (2 * job.block))
-    budget = job_budget(job, model.max_context)
+    budget = job_budget(job, model_spec.max_context)
     prompt, plan = budget.prompt, budget.plan
     with torch.no_grad():
         base = PathSpec(specs[0].base, specs[0].compile)
-        inner = open_session(base, model, job.device, prompt + budget.decode, job.weights_seed)
+        inner = open_session(base, model_spec, job.device, prompt + budget.decode, job.weights_seed)
         graphed = GraphedSession(inner) if any(s.graphs for s in specs) else None
         (graphed or inner).prefill(prompt)
         steps = [graphed.step if s.graphs else inner.step for s in specs]

@@ -256,20 +256,21 @@ def build_model(model_spec: ModelSpec, device: str, dtype, seed: int = 0):
     common = dict(dtype=dtype, attn_implementation="sdpa",
                   trust_remote_code=model_spec.trust_remote_code)
     if model_spec.has_real_weights:
-        model = AutoModelForCausalLM.from_pretrained(
+        hf_model = AutoModelForCausalLM.from_pretrained(
             model_spec.weights_dir, device_map=device, use_safetensors=True, **common
         )
     else:
         torch.manual_seed(seed)
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(model_spec.config, **common)
-    return model.eval().requires_grad_(False)
+            hf_model = AutoModelForCausalLM.from_config(model_spec.config, **common)
+    return hf_model.eval().requires_grad_(False)
 
 
-def cache_keyword(model) -> str:
+def cache_keyword(hf_model) -> str:
     """The name a transformers model's forward() takes the cache by: `cache` in newer
     transformers, which deprecate `past_key_values` (removed in 5.40); older ones know only
     `past_key_values`."""
     import inspect
 
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    parameters = inspect.signature(hf_model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"

@@ -56,8 +56,8 @@ def require_available(path_spec: PathSpec, device: str) -> None:
         raise FloorlineError(f"path {path_spec.name} cannot run here: {reason}")
 
 
-def open_session(path_spec: PathSpec, model, device: str, capacity: int, seed: int) -> Session:
-    session = REGISTRY[path_spec.base].open(model, device, capacity, seed)
+def open_session(path_spec: PathSpec, model_spec, device: str, capacity: int, seed: int) -> Session:
+    session = REGISTRY[path_spec.base].open(model_spec, device, capacity, seed)
     try:
         if (path_spec.compile or path_spec.graphs) and session.not_static_reason:
             raise PathUnavailable(f"{path_spec.base} cannot be compiled or captured in a CUDA "

@@ -1,9 +1,10 @@
 """The one contract every path implements, and the options (+compile, +graphs) any path gets.
 
-    session = path.open(model, device, capacity)   # build or load weights, allocate the cache
-    session.prefill(ctx)                            # fill the KV cache with ctx tokens
-    session.step()                                  # one new token; nothing for the timer
-                                                    # to wait on
+    session = path.open(model_spec, device, capacity)  # build or load weights, allocate
+                                                       # the cache
+    session.prefill(ctx)                               # fill the KV cache with ctx tokens
+    session.step()                                     # one new token; nothing for the
+                                                       # timer to wait on
     session.close()
 """
 
@@ -64,12 +65,12 @@ class DecodePath(ABC):
         """Versions of the libraries this path runs on, beyond the fingerprint's."""
         return {}
 
-    def real_weights(self, model) -> bool:
-        """Whether a cell of `model` runs a checkpoint's weights rather than random ones."""
-        return model.has_real_weights
+    def real_weights(self, model_spec) -> bool:
+        """Whether a cell of `model_spec` runs a checkpoint's weights rather than random ones."""
+        return model_spec.has_real_weights
 
     @abstractmethod
-    def open(self, model, device: str, capacity: int, seed: int) -> Session: ...
+    def open(self, model_spec, device: str, capacity: int, seed: int) -> Session: ...
 
 
 class GraphedSession(Session):

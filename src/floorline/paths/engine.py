@@ -85,14 +85,14 @@ class EnginePath(DecodePath):
             return {}
         return {"triton": triton.__version__}
 
-    def open(self, model, device: str, capacity: int, seed: int) -> Session:
+    def open(self, model_spec, device: str, capacity: int, seed: int) -> Session:
         # The engine loads torch and Triton: imported when a session opens, so that listing
         # or parsing paths stays light.
         from floorline.engine import Engine
         from floorline.engine.model import EngineUnsupported
 
         try:
-            engine = Engine(model, device, capacity, seed=seed, weights=self.weights,
+            engine = Engine(model_spec, device, capacity, seed=seed, weights=self.weights,
                             head=self.head, kv=self.kv)
         except EngineUnsupported as e:
             raise PathUnavailable(str(e)) from None

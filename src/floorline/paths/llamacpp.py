@@ -49,13 +49,13 @@ def load_llama_cpp(device: str):
     return llama_cpp
 
 
-def gguf_file(model, fmt: str, seed: int) -> Path:
+def gguf_file(model_spec, fmt: str, seed: int) -> Path:
     """The GGUF this cell runs: the one .gguf file of a model directory, loaded as it is (its
     file type must be the path's); else seeded random weights of the model's config, written
     once into the cache."""
     import hashlib
 
-    directory = Path(model.name)
+    directory = Path(model_spec.name)
     found = sorted(directory.glob("*.gguf")) if directory.is_dir() else []
     if len(found) > 1:
         raise FloorlineError(f"{directory} holds {len(found)} .gguf files; keep one")
@@ -65,18 +65,18 @@ def gguf_file(model, fmt: str, seed: int) -> Path:
             advice = f"run it as llamacpp-{held}" if held else "floorline has no floor for its type"
             raise FloorlineError(f"{found[0]} is not a {fmt} GGUF: {advice}")
         return found[0]
-    if model.has_real_weights:
+    if model_spec.has_real_weights:
         raise FloorlineError(f"{directory} holds safetensors but no .gguf: convert it with "
                              "llama.cpp's convert_hf_to_gguf.py (random weights are drawn only "
                              "for a config alone)")
-    config = model.config.to_json_string(use_diff=False)
+    config = model_spec.config.to_json_string(use_diff=False)
     key = hashlib.sha256(f"{WRITER_VERSION} {config}".encode()).hexdigest()[:16]
     path = cache_dir() / "gguf" / f"{directory.name}-{key}-{fmt}-seed{seed}.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
         try:
-            write_random_gguf(model.config, partial, fmt, seed)
+            write_random_gguf(model_spec.config, partial, fmt, seed)
         except BaseException:
             partial.unlink(missing_ok=True)  # several GB that no later run can use
             raise
@@ -99,19 +99,19 @@ class LlamaCppSession(Session):
         import numpy as np
 
         self.L, self.seed = L, seed
-        self.model = L.llama_model_load_from_file(str(file).encode(), model_params(L, device))
-        if not self.model:
+        self.llama_model = L.llama_model_load_from_file(str(file).encode(), model_params(L, device))
+        if not self.llama_model:
             raise FloorlineError(f"llama.cpp could not load {file}")
         cp = L.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = capacity, N_BATCH, 512, 1
         cp.type_k = cp.type_v = 1  # GGML_TYPE_F16
         cp.no_perf = True
-        self.ctx = L.llama_init_from_model(self.model, cp)
+        self.ctx = L.llama_init_from_model(self.llama_model, cp)
         if not self.ctx:
-            L.llama_model_free(self.model)
+            L.llama_model_free(self.llama_model)
             raise FloorlineError("llama.cpp could not create a context of "
                                  f"{capacity} tokens for {file}")
-        self.vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        self.vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.llama_model))
         self.batch = L.llama_batch_init(N_BATCH, 0, 1)
         self.tokens = np.ctypeslib.as_array(self.batch.token, shape=(N_BATCH,))
         self.positions = np.ctypeslib.as_array(self.batch.pos, shape=(N_BATCH,))
@@ -156,9 +156,9 @@ class LlamaCppSession(Session):
             self.L.llama_batch_free(self.batch)
         if self.ctx:
             self.L.llama_free(self.ctx)
-        if self.model:
-            self.L.llama_model_free(self.model)
-        self.batch = self.ctx = self.model = None
+        if self.llama_model:
+            self.L.llama_model_free(self.llama_model)
+        self.batch = self.ctx = self.llama_model = None
 
 
 class LlamaCppPath(DecodePath):
@@ -179,13 +179,13 @@ class LlamaCppPath(DecodePath):
         return {self.distribution: library_version(self.distribution),
                 "gguf": library_version("gguf")}
 
-    def real_weights(self, model) -> bool:
-        directory = Path(model.name)
+    def real_weights(self, model_spec) -> bool:
+        directory = Path(model_spec.name)
         return directory.is_dir() and any(directory.glob("*.gguf"))
 
-    def open(self, model, device: str, capacity: int, seed: int) -> Session:
+    def open(self, model_spec, device: str, capacity: int, seed: int) -> Session:
         L = load_llama_cpp(device)
         if device.startswith("cuda") and not L.llama_supports_gpu_offload():
             raise FloorlineError("this llama-cpp-python was built without GPU support; rebuild it "
                                  "with CMAKE_ARGS=-DGGML_CUDA=on")
-        return LlamaCppSession(L, gguf_file(model, self.fmt, seed), device, capacity, seed)
+        return LlamaCppSession(L, gguf_file(model_spec, self.fmt, seed), device, capacity, seed)

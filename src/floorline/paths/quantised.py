@@ -33,17 +33,17 @@ def library_version(distribution: str) -> str | None:
         return None
 
 
-def replace_linears(model, make) -> int:
+def replace_linears(hf_model, make) -> int:
     """Replaces every nn.Linear of the decoder (not the LM head) by `make(name, linear)`, one at
     a time so that the 16-bit copy of each is freed as its replacement is made."""
     import torch
 
-    head = model.get_output_embeddings()
-    targets = [(name, module) for name, module in model.named_modules()
+    head = hf_model.get_output_embeddings()
+    targets = [(name, module) for name, module in hf_model.named_modules()
                if isinstance(module, torch.nn.Linear) and module is not head]
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
+        parent = hf_model.get_submodule(parent_name) if parent_name else hf_model
         setattr(parent, child, make(name, linear))
     return len(targets)
 
@@ -79,11 +79,11 @@ class QuantisedHFPath(HFPath):
 class QuantisingHFPath(QuantisedHFPath):
     """16-bit weights (random or a checkpoint's) quantised by the library's own quantiser."""
 
-    def build(self, model, device: str, seed: int):
-        if quantisation_config(model) is not None:
-            raise FloorlineError(f"{model.name} is a pre-quantised checkpoint; {self.name} "
+    def build(self, model_spec, device: str, seed: int):
+        if quantisation_config(model_spec) is not None:
+            raise FloorlineError(f"{model_spec.name} is a pre-quantised checkpoint; {self.name} "
                                  "quantises 16-bit weights itself")
-        hf_model = super().build(model, device, seed)
+        hf_model = super().build(model_spec, device, seed)
         self.quantise(hf_model, device)
         return hf_model
 
@@ -116,20 +116,20 @@ class PackedHFPath(QuantisedHFPath):
                 f"{name} is not a {self.quant_method} int4 group-{self.group_size} checkpoint "
                 f"(quantization_config: {qc})")
 
-    def build(self, model, device: str, seed: int):
+    def build(self, model_spec, device: str, seed: int):
         import torch
 
-        qc = quantisation_config(model)
-        if model.has_real_weights and qc is None:
-            raise FloorlineError(f"{model.name} holds 16-bit weights; {self.name} runs "
+        qc = quantisation_config(model_spec)
+        if model_spec.has_real_weights and qc is None:
+            raise FloorlineError(f"{model_spec.name} holds 16-bit weights; {self.name} runs "
                                  f"{self.quant_method} checkpoints (or random weights by name)")
         if qc is not None:
-            self.check_checkpoint(qc, model.name)
+            self.check_checkpoint(qc, model_spec.name)
         # The skeleton's 16-bit weights are random; the packed ones replace the linears, and a
         # checkpoint's own tensors replace the rest.
-        hf_model = build_model(model.without_weights(), device, torch.float16, seed)
+        hf_model = build_model(model_spec.without_weights(), device, torch.float16, seed)
         shared = {}
-        if not model.has_real_weights:
+        if not model_spec.has_real_weights:
             generator = torch.Generator(device).manual_seed(seed)
 
             def make(name, linear):
@@ -139,7 +139,7 @@ class PackedHFPath(QuantisedHFPath):
 
             replace_linears(hf_model, make)
             return hf_model
-        load_packed_checkpoint(hf_model, model.weights_dir, self.layout.TENSORS,
+        load_packed_checkpoint(hf_model, model_spec.weights_dir, self.layout.TENSORS,
                                lambda tensors, bias: self.make_linear(tensors, bias, device,
                                                                       shared),
                                device)
