@@ -174,3 +174,14 @@ def test_a_committed_database_reads_as_its_raw_rows_and_new_ones_share_its_table
         assert new.execute(info).fetchall() == raw.execute(info).fetchall()
     index = "PRAGMA index_info(cells_by_key)"
     assert new.execute(index).fetchall() == raw.execute(index).fetchall()
+
+
+def test_the_fraction_of_the_measured_floor_comes_from_the_environments_probe(tmp_path):
+    store = Store(tmp_path / "r.db")
+    store.add(cell(8), {"torch": "x"}, "env-a")
+    store.add(cell(8), {"torch": "y"}, "env-b")
+    store.add_probe("cpu", {"stream_read_gbps": 300.0}, {"torch": "x"}, "env-a")
+    probed, unprobed = store.rows()
+    # 300 MB moved at a measured 300 GB/s takes 1 ms; the step's median is 2 ms
+    assert probed.fraction_of_measured(store.probes()) == pytest.approx(0.5)
+    assert unprobed.fraction_of_measured(store.probes()) is None

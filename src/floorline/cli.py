@@ -32,13 +32,12 @@ from floorline.forecast import calibration
 from floorline.forecast.accuracy import LEVEL, forecast
 from floorline.hardware import CATALOGUE, lookup
 from floorline.measure import fleet
-from floorline.measure.ab import Plan, check_plan, run_ab
+from floorline.measure.ab import Plan, check_plan, run_ab, run_recorded
 from floorline.measure.cell import check_floor
-from floorline.measure.explain import check_context, explain_in_child
-from floorline.measure.fingerprint import environment, fingerprint_key
+from floorline.measure.explain import check_context, explain_into
+from floorline.measure.fingerprint import environment
 from floorline.measure.fleet import LOCAL_CUDA, check_cluster
-from floorline.measure.probe import check_buffer
-from floorline.measure.probe import probe as run_probe
+from floorline.measure.probe import check_buffer, probe_into
 from floorline.measure.reduction import describe, reductions
 from floorline.measure.runner import TIMEOUT_S, ChildFailed
 from floorline.measure.sweep import STUDY_CONTEXTS, Grid, Sweep, check_grid, default_grid
@@ -359,14 +358,11 @@ def cells_table(rows: list[CellRow], title: str, probes: dict[str, dict]) -> Tab
     pct = lambda v: "-" if v is None else percent(v)  # noqa: E731
     for r in rows:
         spread = f"{r.p10_ms:.2f}-{r.p90_ms:.2f}" if r.p10_ms is not None else "-"
-        read = probes.get(r.fingerprint_key, {}).get("stream_read_gbps")
-        of_measured = (r.total_bytes / (read * 1e6) / r.median_ms
-                       if read and r.median_ms else None)
         table.add_row(
             escape(model_label(r.model)), str(r.ctx), escape(r.path), escape(r.gpu),
             r.status if r.status == "valid" else f"[red]{escape(r.status)}[/red]",
             _num(r.median_ms, ".2f"), spread, _num(r.floor_ms, ".3f"),
-            pct(r.fraction_of_floor), pct(of_measured),
+            pct(r.fraction_of_floor), pct(r.fraction_of_measured(probes)),
             _num(r.achieved_gbps, ".0f" if (r.achieved_gbps or 0) >= 100 else ".2f"),
             *([describe(reduced.get(r.id))] if reduced else []),
             *([_num(r.details.get("prefill_ms"), ".1f"),
@@ -550,7 +546,7 @@ def ab(
             plan, env = make_plan(worker["gpu"]), worker["env"]
             fleet.check_on_worker(f, check_plan, plan)
             run = lambda on_session: fleet.ab(f, plan, on_session)  # noqa: E731
-        summary = ab_sessions(plan, run, Store(db), env, fingerprint_key(env))
+        summary = ab_sessions(plan, run, Store(db), env)
     result = summary.as_dict()
     if as_json:
         print(json.dumps(result, indent=2))
@@ -569,12 +565,10 @@ def ab(
     out.print(summary.sentence(), highlight=False, markup=False)
 
 
-def ab_sessions(plan, run, store, env: dict, env_key: str):
-    """The experiment stored, its sessions run by `run(on_session)` with progress, each stored
-    as it ends, and its summary stored: the summary."""
+def ab_sessions(plan, run, store, env: dict):
+    """The experiment's sessions run by `run(on_session)` and stored (run_recorded), with
+    progress: the summary."""
     sessions = plan.sessions
-    plan_dict = {**plan.__dict__, "paired": plan.paired}
-    experiment = store.start_ab(plan_dict, env, env_key)
     design = ("paired (ABBA blocks in each session)" if plan.paired
               else "unpaired (one process per arm)")
     err.print(f"A/B {plan.a} vs {plan.b}: {sessions} fresh sessions, {design}, seed {plan.seed}",
@@ -584,7 +578,6 @@ def ab_sessions(plan, run, store, env: dict, env_key: str):
         task = progress.add_task("sessions", total=sessions)
 
         def on_session(s):
-            store.add_ab_session(experiment, s)
             progress.console.print(
                 f"session {s.index}: " + (f"a {s.ms_a:.3f} ms, b {s.ms_b:.3f} ms, ratio "
                                           f"{s.ratio:.3f} (first {s.first_arm})"
@@ -592,9 +585,7 @@ def ab_sessions(plan, run, store, env: dict, env_key: str):
                 highlight=False, markup=False)
             progress.advance(task)
 
-        summary = run(on_session)
-    store.finish_ab(experiment, summary.as_dict())
-    return summary
+        return run_recorded(plan, run, store, env, on_session)
 
 
 @app.command()
@@ -613,10 +604,7 @@ def probe(
     check_buffer(device, buffer_mib)
     model_spec = resolve_model(model, trust_remote_code) if model is not None else None
     store = Store(db)
-    results = run_probe(device, model_spec, buffer_mib=buffer_mib,
-                        budget_mib=max(8 * buffer_mib, 2048))
-    env = environment(device)
-    store.add_probe(device, results, env, fingerprint_key(env))
+    results, env = probe_into(store, device, model_spec, buffer_mib)
     if as_json:
         print(json.dumps(results, indent=2))
         return
@@ -657,14 +645,12 @@ def explain_cmd(
     check_context(model, context, path, gpu_spec, steps, warmup_count)
     store = Store(db)
     try:
-        result = explain_in_child(model, context, path, device, gpu_spec, steps, warmup_count,
-                                  timeout_s=timeout_s)
+        result = explain_into(store, model, context, path, device, gpu_spec, steps,
+                              warmup_count, timeout_s=timeout_s)
     except ChildFailed as e:
         err.print(f"floorline: error: explaining {path} at ctx {context} failed: {e.reason}",
                   highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(1) from None
-    env = environment(device)
-    store.add_explanation(result, env, fingerprint_key(env))
     if as_json:
         print(json.dumps(result, indent=2))
         return

@@ -81,6 +81,12 @@ class CellRow:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def fraction_of_measured(self, probes: dict[str, dict]) -> float | None:
+        """The fraction of the floor reached at the streaming-read bandwidth of the newest probe
+        of this row's environment (`probes`: Store.probes()); None where there is none."""
+        read = probes.get(self.fingerprint_key, {}).get("stream_read_gbps")
+        return self.total_bytes / (read * 1e6) / self.median_ms if read and self.median_ms else None
+
     def stored(self) -> dict:
         """The row's values as the database holds them, JSON columns encoded (without its id,
         which the database assigns)."""

@@ -16,11 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from floorline.errors import FloorlineError
+from floorline.measure.fingerprint import fingerprint_key
 from floorline.measure.runner import TIMEOUT_S
 from floorline.measure.session import Job, job_budget, run_fresh, shared_base
 from floorline.models import resolve_model
 from floorline.paths import parse_path, require_available
 from floorline.stats import Interval, mean_interval, summarise
+from floorline.store import Store
 
 
 @dataclass(frozen=True)
@@ -206,3 +208,21 @@ def run_ab(plan: Plan, on_session: Callable[[SessionResult], None] = lambda s: N
         on_session(result)
         sessions.append(result)
     return summarise_sessions(plan, sessions)
+
+
+def run_recorded(plan: Plan, run: Callable[[Callable[[SessionResult], None]], ABSummary],
+                 store: Store, env: dict,
+                 on_session: Callable[[SessionResult], None] | None = None) -> ABSummary:
+    """An A/B experiment run by `run(on_session)` (run_ab, or a fleet's) and stored: its plan
+    and environment first, each session as it ends (then `on_session`), its summary last."""
+    experiment = store.start_ab({**plan.__dict__, "paired": plan.paired}, env,
+                                fingerprint_key(env))
+
+    def stored(session: SessionResult) -> None:
+        store.add_ab_session(experiment, session)
+        if on_session is not None:
+            on_session(session)
+
+    summary = run(stored)
+    store.finish_ab(experiment, summary.as_dict())
+    return summary

@@ -20,10 +20,12 @@ from dataclasses import asdict
 
 from floorline.hardware import DeviceSpec
 from floorline.measure.cell import Budget, check_floor, step_budget
+from floorline.measure.fingerprint import environment, fingerprint_key
 from floorline.measure.runner import TIMEOUT_S, run_in_child
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, open_session, parse_path
 from floorline.stats import summarise
+from floorline.store import Store
 from floorline.timing import StepPlan, run_plan
 from floorline.traffic import WEIGHT_FORMATS, count_parameters, floor
 
@@ -181,3 +183,14 @@ def explain_in_child(model_name: str, ctx: int, path: str, device: str, gpu: Dev
                         {"model_name": model_name, "ctx": ctx, "path": path, "device": device,
                          "gpu": asdict(gpu), "steps": steps, "warmup": warmup, "seed": seed},
                         timeout_s)
+
+
+def explain_into(store: Store, model_name: str, ctx: int, path: str, device: str,
+                 gpu: DeviceSpec, steps: int = 16, warmup: int | None = None,
+                 timeout_s: float = TIMEOUT_S) -> dict:
+    """explain_in_child, its result stored beside the cells of this environment."""
+    result = explain_in_child(model_name, ctx, path, device, gpu, steps, warmup,
+                              timeout_s=timeout_s)
+    env = environment(device)
+    store.add_explanation(result, env, fingerprint_key(env))
+    return result
