@@ -115,7 +115,7 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
     and close; every failure a user can meet comes back as an invalid cell."""
     import torch
 
-    model_spec = resolve_model(key.model_spec, trust_remote_code)
+    model_spec = resolve_model(key.model, trust_remote_code)
     cell, budget = prepare_cell(key, model_spec, device, gpu, seed)
     if budget is None:
         return cell

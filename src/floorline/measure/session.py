@@ -58,7 +58,7 @@ def run_job(job: Job) -> dict:
     where not measured, with the reason), and which arm went first."""
     import torch
 
-    model_spec = resolve_model(job.model_spec, job.trust_remote_code)
+    model_spec = resolve_model(job.model, job.trust_remote_code)
     specs = [parse_path(a) for a in job.arms]
     rounds = -(-job.steps // (2 * job.block))
     budget = job_budget(job, model_spec.max_context)
