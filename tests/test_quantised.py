@@ -27,14 +27,15 @@ def test_reference_paths_keep_the_options():
     assert reference_path("hf-static") is None
 
 
-@pytest.mark.parametrize("name", [n for n, p in REGISTRY.items() if getattr(p, "module", None)])
+@pytest.mark.parametrize("name", [n for n, p in REGISTRY.items()
+                                  if p.facts.library and p.facts.library.module])
 def test_a_missing_library_is_an_invalid_cell_saying_what_to_install(name, monkeypatch):
-    path = REGISTRY[name]
+    lib = REGISTRY[name].facts.library
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda m, *a, **k: None if m == path.module else real(m, *a, **k))
+                        lambda m, *a, **k: None if m == lib.module else real(m, *a, **k))
     reason = unavailable(parse_path(name), "cpu")
-    assert reason == f"{path.distribution} is not installed (pip install 'floorline[{path.extra}]')"
+    assert reason == f"{lib.distribution} is not installed (pip install 'floorline[{lib.extra}]')"
     cell = measure_cell(CellKey("tiny-llama", 16, name, 2, 0), "cpu", lookup("l4"))
     assert (cell.status, cell.reason) == ("invalid", "path unavailable: " + reason)
 

@@ -47,15 +47,49 @@ class Session(ABC):
         return {}
 
 
-class DecodePath(ABC):
-    """A path: one way of running a model's decode step (a runtime, its weight and KV formats)."""
+@dataclass(frozen=True)
+class Library:
+    """The library a path runs on: what is imported (None: no pip package), what pip installs,
+    and floorline's optional extra that installs it."""
+    module: str | None
+    distribution: str
+    extra: str
 
+
+@dataclass(frozen=True)
+class PathFacts:
+    """What a path is, declared in one place for each path."""
     name: str
-    weight_format = "bf16"
-    kv_dtype = "bf16"
+    weight_format: str = "bf16"  # the floor's weight format (traffic.WEIGHT_FORMATS)
+    kv_dtype: str = "bf16"  # the floor's KV cache format
     # The 16-bit path of the same runtime that a quantised path's realised reduction is
     # measured against (same options); None for 16-bit paths.
     reference: str | None = None
+    dtype: str | None = None  # transformers paths: the torch dtype the model runs in
+    library: Library | None = None
+    cuda_only: bool = False  # the library's kernels for this format run on CUDA only
+
+
+class DecodePath(ABC):
+    """A path: one way of running a model's decode step (a runtime, its weight and KV formats)."""
+
+    facts: PathFacts
+
+    @property
+    def name(self) -> str:
+        return self.facts.name
+
+    @property
+    def weight_format(self) -> str:
+        return self.facts.weight_format
+
+    @property
+    def kv_dtype(self) -> str:
+        return self.facts.kv_dtype
+
+    @property
+    def reference(self) -> str | None:
+        return self.facts.reference
 
     def unavailable(self, device: str) -> str | None:
         """Why this path cannot run on `device`, or None."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from floorline.paths.base import DecodePath, PathUnavailable, Session
+from floorline.paths.base import DecodePath, PathFacts, PathUnavailable, Session
 from floorline.traffic import engine_kv_format, engine_weight_format
 
 
@@ -58,12 +58,14 @@ class EngineSession(Session):
 class EnginePath(DecodePath):
     def __init__(self, weights: str = "bf16", head: str = "bf16", kv: str = "bf16"):
         self.weights, self.head, self.kv = weights, head, kv
-        self.name = "engine" + ("" if weights == "bf16" else f"-{weights}") + \
-            ("-fp8head" if head == "fp8" else "") + ("-kvfp8" if kv == "fp8" else "")
-        if weights != "bf16" or head != "bf16" or kv != "bf16":
-            self.reference = "engine"
-            self.weight_format = engine_weight_format(weights, head)
-            self.kv_dtype = engine_kv_format(kv)
+        # The name and the floor's formats follow from the engine's own formats; a quantised
+        # engine is measured against the 16-bit one.
+        quantised = (weights, head, kv) != ("bf16", "bf16", "bf16")
+        self.facts = PathFacts(
+            "engine" + ("" if weights == "bf16" else f"-{weights}")
+            + ("-fp8head" if head == "fp8" else "") + ("-kvfp8" if kv == "fp8" else ""),
+            engine_weight_format(weights, head), engine_kv_format(kv),
+            reference="engine" if quantised else None)
 
     def unavailable(self, device: str) -> str | None:
         if device.startswith("cuda"):

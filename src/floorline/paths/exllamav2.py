@@ -13,6 +13,7 @@ from functools import cache
 
 from floorline.errors import FloorlineError
 from floorline.layouts import gptq
+from floorline.paths.base import Library, PathFacts
 from floorline.paths.quantised import PackedHFPath
 
 
@@ -57,12 +58,14 @@ def exllamav2_linear():
 
 
 class ExllamaV2Path(PackedHFPath):
-    name = "gptq-exllamav2"
-    weight_format = "gptq-int4-g128"
-    module = distribution = "exllamav2"
-    extra = "exllamav2"
+    FACTS = PathFacts("gptq-exllamav2", "gptq-int4-g128", "fp16", reference="hf-static",
+                      dtype="float16", library=Library("exllamav2", "exllamav2", "exllamav2"),
+                      cuda_only=True)
     layout = gptq
     quant_method = "gptq"
+
+    def __init__(self):
+        super().__init__(self.FACTS)
 
     def check_checkpoint(self, qc: dict, name: str) -> None:
         super().check_checkpoint(qc, name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 
 from floorline.models import build_model, cache_keyword
-from floorline.paths.base import DecodePath, Session
+from floorline.paths.base import DecodePath, PathFacts, Session
 from floorline.traffic import kv_layout
 
 
@@ -58,17 +58,18 @@ class HFSession(Session):
 
 
 class HFPath(DecodePath):
-    dtype_name = "bfloat16"
+    FACTS = {"dynamic": PathFacts("hf-eager", dtype="bfloat16"),
+             "static": PathFacts("hf-static", dtype="bfloat16")}
 
     def __init__(self, cache: str):
         self.cache_kind = cache
-        self.name = {"dynamic": "hf-eager", "static": "hf-static"}[cache]
+        self.facts = self.FACTS[cache]
 
     def build(self, model_spec, device: str, seed: int):
         """The transformers model this path decodes with."""
         import torch
 
-        return build_model(model_spec, device, getattr(torch, self.dtype_name), seed)
+        return build_model(model_spec, device, getattr(torch, self.facts.dtype), seed)
 
     def open(self, model_spec, device: str, capacity: int, seed: int) -> Session:
         from transformers import DynamicCache, StaticCache

@@ -21,7 +21,7 @@ from pathlib import Path
 from floorline.errors import FloorlineError
 from floorline.layouts.gguf import WRITER_VERSION, file_type, write_random_gguf
 from floorline.localcache import cache_dir
-from floorline.paths.base import DecodePath, Session
+from floorline.paths.base import DecodePath, Library, PathFacts, Session
 from floorline.paths.quantised import library_missing, library_version
 
 N_BATCH = 2048  # prefill tokens per llama_decode call, llama.cpp's default
@@ -161,23 +161,26 @@ class LlamaCppSession(Session):
         self.batch = self.ctx = self.llama_model = None
 
 
+LLAMA_CPP = Library("llama_cpp", "llama-cpp-python", "llamacpp")
+
+
 class LlamaCppPath(DecodePath):
-    kv_dtype = "fp16"
-    module, distribution, extra = "llama_cpp", "llama-cpp-python", "llamacpp"
+    FACTS = {"bf16": PathFacts("llamacpp-bf16", "gguf-bf16", "fp16", library=LLAMA_CPP),
+             "q4_0": PathFacts("llamacpp-q4_0", "gguf-q4_0", "fp16", reference="llamacpp-bf16",
+                               library=LLAMA_CPP)}
 
     def __init__(self, fmt: str):
         self.fmt = fmt
-        self.name = f"llamacpp-{fmt}"
-        self.weight_format = f"gguf-{fmt}"
-        self.reference = None if fmt == "bf16" else "llamacpp-bf16"
+        self.facts = self.FACTS[fmt]
 
     def unavailable(self, device: str) -> str | None:
-        return (library_missing(self.module, self.distribution, self.extra)
-                or library_missing("gguf", "gguf", self.extra))
+        lib = self.facts.library
+        return (library_missing(lib.module, lib.distribution, lib.extra)
+                or library_missing("gguf", "gguf", lib.extra))
 
     def versions(self) -> dict:
-        return {self.distribution: library_version(self.distribution),
-                "gguf": library_version("gguf")}
+        distribution = self.facts.library.distribution
+        return {distribution: library_version(distribution), "gguf": library_version("gguf")}
 
     def real_weights(self, model_spec) -> bool:
         directory = Path(model_spec.name)

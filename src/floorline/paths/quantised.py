@@ -16,6 +16,7 @@ from abc import abstractmethod
 from floorline.errors import FloorlineError
 from floorline.models import build_model
 from floorline.models.zoo import quantisation_config as model_quantisation
+from floorline.paths.base import PathFacts
 from floorline.paths.hf import HFPath
 
 
@@ -53,27 +54,25 @@ def quantisation_config(model_spec) -> dict | None:
 
 
 class QuantisedHFPath(HFPath):
-    module: str | None  # what is imported (None: no pip package)
-    distribution: str  # what pip installs
-    extra: str  # floorline's optional extra that installs it
-    cuda_only = False
+    """A transformers path on a static cache whose linears run a library's quantised kernels."""
 
     cache_kind = "static"
-    reference = "hf-static"
 
-    def __init__(self):  # the name is the class's, not hf-static's
-        pass
+    def __init__(self, facts: PathFacts):
+        self.facts = facts
 
     def unavailable(self, device: str) -> str | None:
-        missing = self.module and library_missing(self.module, self.distribution, self.extra)
+        lib = self.facts.library
+        missing = lib.module and library_missing(lib.module, lib.distribution, lib.extra)
         if missing:
             return missing
-        if self.cuda_only and not device.startswith("cuda"):
-            return f"{self.distribution}'s kernels for this format run on CUDA only"
+        if self.facts.cuda_only and not device.startswith("cuda"):
+            return f"{lib.distribution}'s kernels for this format run on CUDA only"
         return None
 
     def versions(self) -> dict:
-        return {self.distribution: library_version(self.distribution)}
+        distribution = self.facts.library.distribution
+        return {distribution: library_version(distribution)}
 
 
 class QuantisingHFPath(QuantisedHFPath):
@@ -97,9 +96,6 @@ class PackedHFPath(QuantisedHFPath):
     directly in the layout, or a local checkpoint of that format loaded as it is. The model runs
     in fp16, as these checkpoints ship."""
 
-    dtype_name = "float16"
-    kv_dtype = "fp16"
-    cuda_only = True
     layout = None  # floorline.layouts.gptq or .awq
     quant_method: str  # quantization_config.quant_method of the checkpoints
     group_size = 128
@@ -127,7 +123,8 @@ class PackedHFPath(QuantisedHFPath):
             self.check_checkpoint(qc, model_spec.name)
         # The skeleton's 16-bit weights are random; the packed ones replace the linears, and a
         # checkpoint's own tensors replace the rest.
-        hf_model = build_model(model_spec.without_weights(), device, torch.float16, seed)
+        hf_model = build_model(model_spec.without_weights(), device,
+                               getattr(torch, self.facts.dtype), seed)
         shared = {}
         if not model_spec.has_real_weights:
             generator = torch.Generator(device).manual_seed(seed)
