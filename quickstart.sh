@@ -2,7 +2,7 @@
 # ./quickstart.sh demo   set up .venv, then run the main job (the study's sweep on a GPU; the
 #                        tiny CPU demo without one), which prints its cells, and write the
 #                        report to report/ (`floorline show` lists the database again)
-# ./quickstart.sh test   set up .venv, then run the test suite
+# ./quickstart.sh test   set up .venv, then run the linter (ruff) and the test suite
 # ./quickstart.sh setup  set up .venv only
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -16,6 +16,6 @@ fi
 case "${1:-}" in
   setup) ;;
   demo) "$VENV/bin/floorline" sweep && "$VENV/bin/floorline" report --out report ;;
-  test) "$VENV/bin/python" -m pytest -q ;;
+  test) "$VENV/bin/ruff" check src tests bench && "$VENV/bin/python" -m pytest -q ;;
   *) echo "usage: ./quickstart.sh demo|test|setup" >&2; exit 2 ;;
 esac

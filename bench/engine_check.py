@@ -5,7 +5,8 @@ fp8 cases instead: transformers on the dequantised weights, the quantisation err
 Gemma's sliding windows and Phi-4-mini's original length (where its LongRoPE factors switch),
 and an int4 and an fp8 case.
 
-    python bench/engine_check.py [--quantised | --families] [--models a,b] [--prompt N] [--json out.json]
+    python bench/engine_check.py [--quantised | --families] [--models a,b] [--prompt N] \
+        [--json out.json]
 
 --prompt sets every chosen case's prompt length (a long context: --models llama-3.1-8b
 --prompt 32704 checks the 64 positions after a 32k prompt).
@@ -77,8 +78,9 @@ def main() -> None:
         if "quant_vs_16bit_median" in r:
             extra += (f" | vs 16-bit weights: {r['quant_vs_16bit_median']:.2e}, argmax agree "
                       f"{r['quant_argmax_agree']}/{r['positions']}")
-        print(f"{name:18} {r['dtype']:9} {weights}/{head} prompt {prompt} positions {r['positions']:3} rel err median "
-              f"{r['median_rel_err']:.2e} max {r['max_rel_err']:.2e} argmax agree "
+        print(f"{name:18} {r['dtype']:9} {weights}/{head} prompt {prompt} "
+              f"positions {r['positions']:3} rel err median {r['median_rel_err']:.2e} "
+              f"max {r['max_rel_err']:.2e} argmax agree "
               f"{r['argmax_agree']}/{r['positions']}{extra} ({r['seconds']} s)", flush=True)
         torch.cuda.empty_cache()
     if args.json:

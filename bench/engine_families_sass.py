@@ -16,10 +16,10 @@ import os
 from pathlib import Path
 
 import triton
-from engine_int4_sass import resource_usage  # beside this script
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from engine_int4_sass import resource_usage  # beside this script
 from floorline.engine.kernels.attention import _attention_split_kernel, attention_warps
 from floorline.engine.kernels.gemv import _gemv_int4_kernel, _gemv_kernel
 from floorline.engine.kernels.norm import _add_norm_kernel

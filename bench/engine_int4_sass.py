@@ -71,7 +71,8 @@ def compile_loop(block_n: int, groups: int, warps: int, words: int, prefetch: bo
     code = [(int(m.group(1), 16), m.group(2).strip())
             for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
     back = [(a, int(b.group(1), 16)) for a, t in code
-            for b in [re.search(r"(?:@!?P\d )?BRA 0x([0-9a-f]+)", t)] if b and int(b.group(1), 16) < a]
+            for b in [re.search(r"(?:@!?P\d )?BRA 0x([0-9a-f]+)", t)]
+            if b and int(b.group(1), 16) < a]
     end, start = back[0]
     body = [t for a, t in code if start <= a <= end]
     ops = collections.Counter(re.sub(r"^@!?P\d+ ", "", t).split()[0].split(".")[0] for t in body)

@@ -5,8 +5,8 @@ at each context. --weights int4|fp8 times the quantised GEMVs (bytes as stored) 
 against its dequantise-then-multiply reference at the real shape. --kv fp8 times decode attention
 alone on an fp8 cache (its bytes: e4m3 values and a 4-byte scale per token and kv head).
 
-    python bench/engine_kernels.py --model qwen2.5-7b --ctx 2048,16384 [--weights int4] [--kv fp8]
-        [--retune] [--json out.json]
+    python bench/engine_kernels.py --model qwen2.5-7b --ctx 2048,16384 [--weights int4] \
+        [--kv fp8] [--retune] [--json out.json]
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ import json
 import torch
 
 from floorline.engine.check import relative_error
-from floorline.engine.kernels.attention import (attention_scratch, attention_warps,
-                                                decode_attention)
+from floorline.engine.kernels.attention import attention_scratch, attention_warps, decode_attention
 from floorline.engine.kernels.gemv import gemv_reference
 from floorline.engine.kvcache import KV_FORMATS, quantise
 from floorline.engine.model import DecoderConfig, attention_block_t, attention_splits
@@ -177,7 +176,8 @@ def main() -> None:
         rows = gemv_rows(c, ops, args.weights, args.head)
         if args.weights == "bf16":
             rows += attention_rows(c, contexts)
-    print(f"{args.model} on {torch.cuda.get_device_name()}, weights {args.weights}, head {args.head}")
+    print(f"{args.model} on {torch.cuda.get_device_name()}, weights {args.weights}, "
+          f"head {args.head}")
     print(f"{'kernel':34} {'shape':24} {'format':7} {'MB':>8} {'us':>8} {'GB/s':>7} "
           f"{'cuBLAS GB/s':>11} {'rel err':>8}  config")
     for r in rows:

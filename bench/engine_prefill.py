@@ -1,7 +1,8 @@
 """The engine's prefill on a CUDA GPU: time to first token, prefill tokens/s, and the peak memory
 it takes beyond the weights and the KV cache, for prompts up to the model's full context.
 
-    python bench/engine_prefill.py --model qwen2.5-7b --ctx 2048,16384,32000 [--chunk 2048] [--json out.json]
+    python bench/engine_prefill.py --model qwen2.5-7b --ctx 2048,16384,32000 [--chunk 2048] \
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def main() -> None:
         tokens = torch.randint(engine.config.vocab, (ctx,), device="cuda",
                                generator=torch.Generator("cuda").manual_seed(ctx))
         for chunk in args.chunk:
-            for attempt in range(2):  # the first compiles and warms the allocator
+            for _attempt in range(2):  # the first compiles and warms the allocator
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 t0 = time.perf_counter()

@@ -18,8 +18,8 @@ from floorline.store import Store
 
 def newest_valid(db: str) -> dict:
     rows = Store(db, read_only=True).rows()
-    return {(r["model"], r["ctx"], r["path"], r["steps"], r["warmup"]): r
-            for r in rows if r["status"] == "valid"}
+    return {(r.model, r.ctx, r.path, r.steps, r.warmup): r
+            for r in rows if r.status == "valid"}
 
 
 def main() -> int:
@@ -35,10 +35,10 @@ def main() -> int:
         a, b = local[cell], fleet[cell]
         pairs.append({"model": cell[0], "ctx": cell[1], "path": cell[2],
                       "graph_replayed": kind(cell[2]) == GPU_GOVERNED,
-                      "in_process_ms": a["median_ms"], "fleet_ms": b["median_ms"],
-                      "ratio": b["median_ms"] / a["median_ms"],
-                      "same_environment": a["fingerprint_key"] == b["fingerprint_key"],
-                      "fleet_worker": b["details"].get("worker", {}).get("name")})
+                      "in_process_ms": a.median_ms, "fleet_ms": b.median_ms,
+                      "ratio": b.median_ms / a.median_ms,
+                      "same_environment": a.fingerprint_key == b.fingerprint_key,
+                      "fleet_worker": b.details.get("worker", {}).get("name")})
     print(f"{'model':<16} {'ctx':>6} {'path':<26} {'in-process':>11} {'fleet':>9} {'ratio':>7}")
     for p in pairs:
         eager = "" if p["graph_replayed"] else "  (eager)"

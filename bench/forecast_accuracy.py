@@ -12,8 +12,8 @@ import sys
 from floorline.forecast.accuracy import coverage, leave_one_out
 from floorline.forecast.calibration import from_rows, shipped
 from floorline.forecast.published import study_check
-from floorline.report.figures import study
 from floorline.store import Store
+from floorline.study import study
 
 
 def main() -> None:
@@ -29,8 +29,9 @@ def main() -> None:
               f"{r['forecast_ms']:9.3f} {r['error']:+7.1%}")
     held = {(r["path"], r["model"], r["ctx"]) for r in loo}
     left = [c for c in cal.cells if (c["path"], c["model"], c["ctx"]) not in held]
+    unforecast = ", ".join(f"{c['path']} {c['model']} ctx {c['ctx']}" for c in left) or "none"
     print(f"\n{len(loo)} of {len(cal.cells)} cells forecast held out; not forecastable without "
-          f"themselves: " + (", ".join(f"{c['path']} {c['model']} ctx {c['ctx']}" for c in left) or "none"))
+          f"themselves: {unforecast}")
     for k, v in coverage(loo).items():
         print(f"{k}: mean absolute error {v['mae']:.1%} over {v['cells']} cells; the 90% interval "
               f"from the other cells' errors held {v['covered']} of {v['with_interval']} "

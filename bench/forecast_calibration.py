@@ -1,8 +1,8 @@
 """Writes the forecast's shipped calibration (src/floorline/forecast/h200.json) from the
 committed H200 results: every valid cell of the merged database and the engine's re-measured
 quantised cells (the newest of each model, ctx and path; a path re-measured after its kernels
-changed keeps only its re-measured cells, as older ones time other kernels), the explain decompositions in the
-database and in the explain JSON files, and the probe.
+changed keeps only its re-measured cells, as older ones time other kernels), the explain
+decompositions in the database and in the explain JSON files, and the probe.
 
     PYTHONPATH=src python bench/forecast_calibration.py
 """
@@ -29,7 +29,8 @@ def main() -> None:
     for f in sorted(RESULTS.glob("h200_explain_*.json")):
         e = json.loads(f.read_text())
         if (e["path"], e["model"], e["ctx"]) not in in_db:
-            cal.explanations.append(explain_record(e, f"H200 explain {f.stem.removeprefix('h200_explain_')}"))
+            name = f.stem.removeprefix("h200_explain_")
+            cal.explanations.append(explain_record(e, f"H200 explain {name}"))
     probe = json.loads((RESULTS / "h200_probe.json").read_text())
     cal.probes.append(probe_record(probe, "h200", "H200 probe"))
     cells = sorted(cal.cells, key=lambda c: (c["path"], c["model"], c["ctx"]))

@@ -10,7 +10,7 @@ from floorline.forecast.accuracy import forecast, leave_one_out
 from floorline.forecast.calibration import shipped
 from floorline.forecast.published import published_cells
 from floorline.forecast.terms import family
-from floorline.report.figures import study
+from floorline.study import study
 
 GPUS = ("l4", "l40s", "a100-80gb-sxm4", "h100-sxm5", "jetson-agx-orin", "b200")
 MODELS, CONTEXTS = ("qwen2.5-7b", "llama-3.1-8b"), (2048, 16384)

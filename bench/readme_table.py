@@ -16,7 +16,8 @@ def load(name: str) -> dict:
 
 def main() -> None:
     first, repeat = load("h200_cells.json"), load("h200_eager_repeat_cells.json")
-    print("| model | ctx | path | floor ms | ms/step (p10-p90) | of floor | GB/s | repeat run ms/step |")
+    print("| model | ctx | path | floor ms | ms/step (p10-p90) | of floor | GB/s "
+          "| repeat run ms/step |")
     print("|---|---|---|---|---|---|---|---|")
     for key, c in first.items():
         again = f"{repeat[key]['median_ms']:.2f}" if key in repeat else "-"

@@ -9,7 +9,7 @@ from scipy.stats import bootstrap
 
 from conftest import run_cli
 from floorline.measure import runner
-from floorline.measure.ab import Plan, run_ab, summarise_sessions, SessionResult
+from floorline.measure.ab import Plan, SessionResult, run_ab, summarise_sessions
 from floorline.measure.session import block_order
 from floorline.stats import mean_interval
 
@@ -67,7 +67,8 @@ def test_ab_end_to_end_paired_with_three_fresh_sessions(tmp_path):
     assert out["paired"] and out["sessions"] == 3 and out["seed"] == 5
     progress = [line for line in proc.stderr.splitlines() if "3/3" in line]
     assert len(progress) == 1 and " left " in progress[0], proc.stderr
-    keys = {"a", "b", "model", "ctx", "gpu", "sessions", "speedup", "ci_low", "ci_high", "per_session"}
+    keys = {"a", "b", "model", "ctx", "gpu", "sessions", "speedup", "ci_low", "ci_high",
+            "per_session"}
     assert keys <= set(out)
     ratios = [s["ratio"] for s in out["per_session"]]
     assert all(s["ratio"] == pytest.approx(s["ms_a"] / s["ms_b"]) for s in out["per_session"])
@@ -77,7 +78,8 @@ def test_ab_end_to_end_paired_with_three_fresh_sessions(tmp_path):
 
     con = sqlite3.connect(db)
     assert con.execute("SELECT COUNT(*) FROM ab_sessions WHERE status='ok'").fetchone()[0] == 3
-    assert json.loads(con.execute("SELECT summary FROM ab_experiments").fetchone()[0])["speedup"] == out["speedup"]
+    stored = json.loads(con.execute("SELECT summary FROM ab_experiments").fetchone()[0])
+    assert stored["speedup"] == out["speedup"]
 
 
 def test_ab_unpaired_runs_each_arm_in_its_own_session():

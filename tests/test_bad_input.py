@@ -15,7 +15,7 @@ import torch
 from conftest import shipped_config
 from floorline import cli
 from floorline.errors import FloorlineError
-from floorline.measure.cell import INVALID, VALID, CellKey, CellResult
+from floorline.records import INVALID, VALID, CellKey, CellResult
 from floorline.store import Store
 
 
@@ -281,7 +281,8 @@ def test_invalid_json_in_a_row_is_one_line_and_the_rest_is_shown(tmp_path):
         Store(db, read_only=True).rows()  # readers that need every row stop at it
     refused("merge", tmp_path / "out.db", db, naming="cells row 2")
     refused("report", "--db", db, "--out", tmp_path / "report", naming="cells row 2")
-    sqlite3.connect(db).execute("UPDATE cells SET median_ms = 'fast' WHERE ctx = 32").connection.commit()
+    con = sqlite3.connect(db)
+    con.execute("UPDATE cells SET median_ms = 'fast' WHERE ctx = 32").connection.commit()
     code, out, err = run("show", "--db", db, "--json")
     assert code == 2 and [r["ctx"] for r in json.loads(out)] == [8]
     assert "2 damaged row(s)" in err and "cells row 3: median_ms is not a number" in err
@@ -306,13 +307,14 @@ def test_a_corrupt_page_is_one_line(tmp_path):
     refused("merge", tmp_path / "out.db", db, naming=str(db), also="malformed")
 
 
-# --- generate --------------------------------------------------------------------------------------
+# --- generate ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A 1-layer untied Llama with its word tokenizer (as tests/test_generate.py writes one)."""
-    from test_generate import EOS, WORDS, word_tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from test_generate import EOS, WORDS, word_tokenizer
 
     directory = tmp_path_factory.mktemp("checkpoint")
     config = LlamaConfig(vocab_size=len(WORDS), hidden_size=64, intermediate_size=128,

@@ -6,15 +6,17 @@ import json
 import pytest
 
 from conftest import run_cli
+from floorline import timing
 from floorline.hardware import lookup
 from floorline.measure import cell as cell_module
-from floorline.measure import energy, timer
+from floorline.measure import energy
 from floorline.measure.ab import Plan, SessionResult, summarise_sessions
-from floorline.measure.cell import CellKey, measure_cell
+from floorline.measure.cell import measure_cell
 from floorline.measure.energy import EnergyMeter
 from floorline.measure.fingerprint import environment, fingerprint_key
-from floorline.measure.timer import StepPlan, run_plan
+from floorline.records import CellKey
 from floorline.store import Store
+from floorline.timing import StepPlan, run_plan
 
 
 class FakeNVML:
@@ -26,7 +28,8 @@ class FakeNVML:
         pass
 
     def __init__(self, joules_per_step=2.5, counter=True, watts=300.0):
-        self.steps, self.joules_per_step, self.counter, self.watts = 0, joules_per_step, counter, watts
+        self.steps, self.joules_per_step = 0, joules_per_step
+        self.counter, self.watts = counter, watts
 
     def step(self):
         self.steps += 1
@@ -60,7 +63,7 @@ class Clock:
 @pytest.fixture
 def fake_time(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr(timer, "time", clock)
+    monkeypatch.setattr(timing, "time", clock)
     monkeypatch.setattr(energy, "time", clock)
     return clock
 
@@ -142,7 +145,8 @@ def test_energy_columns_with_nvml_and_none_on_the_cpu(tmp_path, monkeypatch):
     shown = run_cli("show", "--db", cpu_db, check=True).stdout
     assert "J/token" not in shown and "energy per token: not measured on the CPU" in shown
     row = json.loads(run_cli("show", "--db", cpu_db, "--json", check=True).stdout)[0]
-    assert "energy" not in row["details"] and row["details"]["energy_note"] == "not measured on the CPU"
+    assert "energy" not in row["details"]
+    assert row["details"]["energy_note"] == "not measured on the CPU"
 
 
 def session(index, ms_a, ms_b, j_a=None, j_b=None):
@@ -170,7 +174,7 @@ def test_ab_without_energy_says_so():
 
 
 def test_report_draws_energy_against_time_per_path(tmp_path):
-    from floorline.measure.cell import VALID, CellResult
+    from floorline.records import VALID, CellResult
     from floorline.report.build import build_report
 
     db = tmp_path / "r.db"

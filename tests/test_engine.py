@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from tests.conftest import shipped_config
 
 from floorline.engine import Engine
 from floorline.engine.check import compare_with_transformers
@@ -15,7 +16,6 @@ from floorline.engine.weights import from_named, load_checkpoint
 from floorline.errors import FloorlineError
 from floorline.models import build_model, resolve_model
 from floorline.models.zoo import ModelSpec, _config_from_dict
-from tests.conftest import shipped_config
 
 
 def spec_from(data: dict, name="test-config") -> ModelSpec:

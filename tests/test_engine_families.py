@@ -163,10 +163,10 @@ def test_a_vision_language_checkpoint_is_floored_by_its_language_model():
 def test_generate_runs_a_checkpoint_as_transformers_does(tmp_path, name):
     # Gemma 3 as a vision-language checkpoint (its language model under language_model.*),
     # Phi-3 with a LongRoPE original length of 8 that the prompt and the reply cross
+    from tests.test_generate import EOS, PROMPT, WORDS, word_tokenizer
     from transformers import AutoModelForCausalLM
 
     from floorline.engine.generate import generate
-    from tests.test_generate import EOS, PROMPT, WORDS, word_tokenizer
 
     text = dict(CONFIGS[name], vocab_size=len(WORDS) + 3, eos_token_id=EOS, bos_token_id=None,
                 pad_token_id=0, initializer_range=0.1)

@@ -9,7 +9,9 @@ import torch
 
 from floorline.engine.check import relative_error
 from floorline.engine.kernels.attention import (
-    attention_scratch, decode_attention, decode_attention_reference,
+    attention_scratch,
+    decode_attention,
+    decode_attention_reference,
 )
 from floorline.engine.kernels.gemv import GemvConfig, SplitPartials, gemv, gemv_reference
 from floorline.engine.tuning import candidates, interpreter_config

@@ -10,7 +10,9 @@ import torch
 from floorline.engine import Engine
 from floorline.engine.check import relative_error
 from floorline.engine.kernels.attention import (
-    attention_scratch, decode_attention, decode_attention_reference,
+    attention_scratch,
+    decode_attention,
+    decode_attention_reference,
 )
 from floorline.engine.kvcache import FP8, dequantise, quantise
 from floorline.errors import FloorlineError
@@ -109,7 +111,8 @@ def test_the_kernels_refuse_an_fp8_cache_without_scales():
     k = torch.zeros(2, 8, 16, dtype=FP8, device=DEVICE)
     with pytest.raises(ValueError, match="needs its scales"):
         decode_attention_reference(torch.zeros(128, device=DEVICE), k, k.clone(),
-                                   torch.ones(8, 8, device=DEVICE), torch.zeros(8, 8, device=DEVICE),
+                                   torch.ones(8, 8, device=DEVICE),
+                                   torch.zeros(8, 8, device=DEVICE),
                                    torch.zeros(1, dtype=torch.int32, device=DEVICE),
                                    torch.empty(64, device=DEVICE), scale=0.25, window=None)
 
@@ -158,7 +161,8 @@ def test_chunked_prefill_leaves_the_fp8_cache_of_one_pass(name, n, chunk):
     assert torch.allclose(a, b, rtol=1e-4, atol=1e-4)
     ours, theirs = chunked.decoder.cache, whole.decoder.cache
     for values, scales in (("k", "k_scale"), ("v", "v_scale")):
-        mine, ref = getattr(ours, values)[:, :, :n].float(), getattr(theirs, values)[:, :, :n].float()
+        mine = getattr(ours, values)[:, :, :n].float()
+        ref = getattr(theirs, values)[:, :, :n].float()
         # float noise between the two passes may move a value by one e4m3 step, rarely
         assert (mine == ref).float().mean() > 0.999
         assert torch.allclose(getattr(ours, scales)[:, :, :n], getattr(theirs, scales)[:, :, :n],

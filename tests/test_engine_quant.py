@@ -82,7 +82,8 @@ def test_gptq_with_act_order_is_refused():
 
 def test_fp8_checkpoint_scales_per_row_or_tensor_and_block_scales_refused():
     w = torch.randn(4, 32).to(torch.float8_e4m3fn)
-    assert torch.equal(quant.fp8_from_checkpoint(w, torch.tensor([2.0])).scale, torch.full((4,), 2.0))
+    assert torch.equal(quant.fp8_from_checkpoint(w, torch.tensor([2.0])).scale,
+                       torch.full((4,), 2.0))
     rows = torch.arange(1.0, 5.0)[:, None]
     assert torch.equal(quant.fp8_from_checkpoint(w, rows).dequantize(), w.float() * rows)
     with pytest.raises(ValueError, match="block-wise"):
@@ -150,8 +151,11 @@ def test_int4_gemv_refuses_a_block_that_splits_a_group():
 from floorline.engine import Engine  # noqa: E402
 from floorline.engine.check import compare_with_transformers  # noqa: E402
 from floorline.errors import FloorlineError  # noqa: E402
-from floorline.models import cache_keyword  # noqa: E402
-from floorline.models import build_model, resolve_model  # noqa: E402
+from floorline.models import (  # noqa: E402
+    build_model,
+    cache_keyword,
+    resolve_model,
+)
 
 
 @pytest.mark.parametrize("name, weights, head, group", [

@@ -16,11 +16,13 @@ def test_union_of_overlapping_intervals():
 @pytest.mark.parametrize("name, cls", [
     ("void gemv2T_kernel_val<int, int, __nv_bfloat16, 128, 16, 4, 4>", "matrix-vector"),
     ("nvjet_tst_64x8_64x16_4x1_v_bz_splitK_TNT", "matrix-vector"),
-    ("pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>>", "attention"),
+    ("pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>>",
+     "attention"),
     ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80", "attention"),
     ("void at::native::reduce_kernel<512, 1, ReduceOp<float, ArgMaxOps<float>>>", "sampling"),
     ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "norms and rotary"),
-    ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<c10::BFloat16>>", "elementwise"),
+    ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<c10::BFloat16>>",
+     "elementwise"),
     ("aten::addmm", "matrix-vector"),
 ])
 def test_kernel_classes(name, cls):
@@ -32,12 +34,14 @@ PARTS = ("floor_ms", "lost_in_kernels_ms", "other_kernels_ms", "launch_and_idle_
 
 def test_decomposition_sums_to_the_median():
     # Two steps: a GEMV of 4 us, an elementwise kernel of 2 us, then a GEMV of 4 us.
-    events = [("gemv2T_kernel", 0, 4, 4), ("elementwise_add", 6, 8, 2), ("gemv2T_kernel", 10, 14, 4)]
+    events = [("gemv2T_kernel", 0, 4, 4), ("elementwise_add", 6, 8, 2),
+              ("gemv2T_kernel", 10, 14, 4)]
     d = decompose(by_class(events, 2, {}), events, steps=2, median_ms=0.01, floor_ms=0.003)
     assert d["lost_in_kernels_ms"] == pytest.approx(0.004 - 0.003)
     assert d["other_kernels_ms"] == pytest.approx(0.001)
     assert d["launch_and_idle_ms"] == pytest.approx(0.01 - 0.005)
-    assert d["busy_union_ms"] == pytest.approx(0.005) and d["profiled_timeline_ms"] == pytest.approx(0.007)
+    assert d["busy_union_ms"] == pytest.approx(0.005)
+    assert d["profiled_timeline_ms"] == pytest.approx(0.007)
     assert sum(d[k] for k in PARTS) == pytest.approx(d["median_ms"])
 
 

@@ -36,8 +36,8 @@ def content(rows):
     timings differ from run to run)."""
     skip = {"id", "finished_at", "median_ms", "p10_ms", "p90_ms", "mean_ms", "fraction_of_floor",
             "achieved_gbps", "samples_ms", "fingerprint", "details"}
-    return sorted((tuple((k, v) for k, v in sorted(r.items()) if k not in skip),
-                   len(r["samples_ms"]), sorted(set(r["details"]) - {"worker", "drift"}))
+    return sorted((tuple((k, v) for k, v in sorted(r.as_dict().items()) if k not in skip),
+                   len(r.samples_ms), sorted(set(r.details) - {"worker", "drift"}))
                   for r in rows)
 
 
@@ -57,12 +57,12 @@ def test_fleet_sweep_stores_the_in_process_sweeps_cells(tmp_path, cluster):
         in_process.run_cell(key)
     fleet, local = Store(fleet_db).rows(), Store(local_db).rows()
     assert len(fleet) == 4 and content(fleet) == content(local)
-    assert sum(c["status"] == "valid" for c in fleet) == 2
+    assert sum(c.status == "valid" for c in fleet) == 2
     # Each cell names the worker that measured it, and both workers measured.
     names = {str(w.name) for w in cluster.scheduler.workers.values()}
-    assert {c["details"]["worker"]["name"] for c in fleet} == names
+    assert {c.details["worker"]["name"] for c in fleet} == names
     # The environment stored is the worker's: on this host, the in-process sweep's.
-    assert {c["fingerprint_key"] for c in fleet} == {in_process.env_key}
+    assert {c.fingerprint_key for c in fleet} == {in_process.env_key}
 
 
 def hang_or_die(marker_dir, key, device, gpu, seed, trust_remote_code, timeout_s):
@@ -81,8 +81,8 @@ def hang_or_die(marker_dir, key, device, gpu, seed, trust_remote_code, timeout_s
 def test_a_worker_killed_mid_cell_loses_no_cell_and_stores_none_twice(tmp_path, monkeypatch):
     from floorline.hardware import lookup
     from floorline.measure import fleet
-    from floorline.measure.cell import CellKey
     from floorline.measure.fingerprint import environment
+    from floorline.records import CellKey
     from floorline.store import Store
 
     # The environment stored must be the worker's: this process's would say so
@@ -115,24 +115,24 @@ def test_a_worker_killed_mid_cell_loses_no_cell_and_stores_none_twice(tmp_path, 
             assert fleet.to_measure(f, store, keys, "cpu", lookup(GPU))[0] == keys[3:]
             assert fleet.to_measure(f, store, keys, "cpu", lookup(GPU), force=True)[0] == keys
     rows = store.rows(latest=False)
-    assert sorted(r["ctx"] for r in rows) == [16, 24, 32, 40]  # each stored once
-    assert {r["fingerprint"]["device"] for r in rows} == {environment("cpu")["device"]}
-    by_ctx = {r["ctx"]: r for r in rows}
-    assert all(by_ctx[c]["status"] == "valid" and len(by_ctx[c]["samples_ms"]) == 4
+    assert sorted(r.ctx for r in rows) == [16, 24, 32, 40]  # each stored once
+    assert {r.fingerprint["device"] for r in rows} == {environment("cpu")["device"]}
+    by_ctx = {r.ctx: r for r in rows}
+    assert all(by_ctx[c].status == "valid" and len(by_ctx[c].samples_ms) == 4
                for c in (16, 24, 32))
-    assert by_ctx[24]["fingerprint_key"] in env_keys
+    assert by_ctx[24].fingerprint_key in env_keys
     # ctx 24 started twice: hung on the worker that was killed, then measured on another.
     tries = [(w, pid) for ctx, w, pid in starts if ctx == 24]
     assert len(tries) == 2 and tries[0][1] == killed[0] and tries[1][1] != killed[0]
-    assert by_ctx[24]["details"]["worker"]["name"] == tries[1][0]
+    assert by_ctx[24].details["worker"]["name"] == tries[1][0]
     lost = by_ctx[40]
-    assert lost["status"] == "invalid" and lost["gpu"] == GPU
+    assert lost.status == "invalid" and lost.gpu == GPU
     # Killed at once, before its start reached the driver: named from the workers' survey
     lost_on = re.fullmatch(r"worker lost: the worker running this cell died, 2 time\(s\) "
                            r"\((gpu[01]), (gpu[01])\); a worker's log says why \(out of "
-                           r"memory, a crash\)", lost["reason"])
-    assert lost_on and lost["details"]["worker"]["name"] == lost_on[2]
-    assert lost["samples_ms"] == [] and lost["fingerprint_key"] in env_keys
+                           r"memory, a crash\)", lost.reason)
+    assert lost_on and lost.details["worker"]["name"] == lost_on[2]
+    assert lost.samples_ms == [] and lost.fingerprint_key in env_keys
     check = sqlite3.connect(tmp_path / "r.db").execute("PRAGMA integrity_check").fetchone()
     assert check[0] == "ok"
 

@@ -90,7 +90,8 @@ def test_llama_cpp_decodes_both_formats_and_reports_the_reduction(model_dir, tmp
     run_cli("sweep", "--db", db, "--models", model_dir, "--ctx", "32", "--paths",
             "llamacpp-bf16,llamacpp-q4_0", "--steps", "4", "--gpu", "l4",
             check=True, env={"FLOORLINE_CACHE": str(tmp_path / "cache")})
-    cells = {c["path"]: c for c in json.loads(run_cli("show", "--db", db, "--json", check=True).stdout)}
+    shown = json.loads(run_cli("show", "--db", db, "--json", check=True).stdout)
+    cells = {c["path"]: c for c in shown}
     assert cells["llamacpp-bf16"]["status"] == cells["llamacpp-q4_0"]["status"] == "valid"
     assert cells["llamacpp-bf16"]["details"]["real_weights"] is False  # a config alone: random
     r = cells["llamacpp-q4_0"]["reduction"]
@@ -107,7 +108,8 @@ def test_llama_cpp_steps_are_not_ours_to_capture(model_dir, monkeypatch, tmp_pat
 
     monkeypatch.setenv("FLOORLINE_CACHE", str(tmp_path / "cache"))
     with pytest.raises(PathUnavailable, match="llama.cpp replays its own CUDA graphs"):
-        open_session(parse_path("llamacpp-q4_0+compile"), resolve_model(str(model_dir)), "cpu", 64, 0)
+        open_session(parse_path("llamacpp-q4_0+compile"), resolve_model(str(model_dir)), "cpu",
+                     64, 0)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "q4_0"])
@@ -134,4 +136,5 @@ def test_tiny_q4_0_heads_fall_back_to_q8_0_and_the_floor_knows(tmp_path):
         {t.name: t for t in reader.tensors}["output.weight"].tensor_type).name == "Q8_0"
     sizes = {t.name: int(t.n_bytes) for t in reader.tensors}
     expected = sum(sizes.values()) - sizes["token_embd.weight"] + sizes["token_embd.weight"] // 512
-    assert floor(resolve_model(str(tmp_path)), lookup("h200"), 16, weight_format="gguf-q4_0").weight_bytes == expected
+    f = floor(resolve_model(str(tmp_path)), lookup("h200"), 16, weight_format="gguf-q4_0")
+    assert f.weight_bytes == expected

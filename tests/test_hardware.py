@@ -18,7 +18,8 @@ def test_catalogue_has_the_required_gpus_with_sources():
 
 def test_study_bandwidths():
     # The study's GPU set, as its page lists them (3350, 2039, 864, 300 GB/s).
-    assert [lookup(n).peak_gbps for n in ("h100-sxm5", "a100-80gb-sxm4", "l40s", "l4")] == [3350, 2039, 864, 300]
+    names = ("h100-sxm5", "a100-80gb-sxm4", "l40s", "l4")
+    assert [lookup(n).peak_gbps for n in names] == [3350, 2039, 864, 300]
 
 
 @pytest.mark.parametrize("torch_name, expected", [

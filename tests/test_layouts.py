@@ -10,6 +10,7 @@ from safetensors.torch import save_file
 from floorline.layouts import awq, gptq
 from floorline.layouts.int4 import pack_int4, random_groups, unpack_int4
 from floorline.models import build_model, resolve_model
+from floorline.paths.base import Library, PathFacts
 from floorline.paths.quantised import PackedHFPath
 
 
@@ -84,8 +85,12 @@ class DequantisedLinear(torch.nn.Module):
 
 
 class ReferencePacked(PackedHFPath):
-    name, module, distribution, extra = "reference-gptq", "torch", "torch", "-"
     layout, quant_method = gptq, "gptq"
+
+    def __init__(self):
+        super().__init__(PathFacts("reference-gptq", kv_dtype="fp16", reference="hf-static",
+                                   dtype="float16", library=Library("torch", "torch", "-"),
+                                   cuda_only=True))
 
     def make_linear(self, tensors, bias, device, shared):
         return DequantisedLinear(self.layout, tensors, bias)

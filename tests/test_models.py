@@ -37,7 +37,8 @@ def test_local_directory_without_weights_builds_random_ones(tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"pickle files are never read")
     spec = resolve_model(str(tmp_path))
     assert not spec.has_real_weights
-    assert build_model(spec, "cpu", torch.bfloat16).model.layers[0].self_attn.q_proj.weight.std() > 0
+    built = build_model(spec, "cpu", torch.bfloat16)
+    assert built.model.layers[0].self_attn.q_proj.weight.std() > 0
 
 
 @pytest.mark.parametrize("content, message", [

@@ -6,16 +6,16 @@ from pathlib import Path
 import pytest
 
 import floorline
-
 from conftest import run_cli
 from floorline.errors import FloorlineError
 from floorline.forecast.accuracy import coverage, forecast, interval, interval_bounds, leave_one_out
 from floorline.forecast.calibration import Calibration, combine, from_rows, shipped
-from floorline.forecast.published import published_cells
 from floorline.forecast.model import fit, step
+from floorline.forecast.published import published_cells
 from floorline.forecast.terms import attention_bytes, layers, weight_bytes
 from floorline.hardware import lookup
 from floorline.models import resolve_model
+from floorline.store import CellRow
 from floorline.traffic import floor
 
 PEAK = {g: lookup(g).peak_gbps * 1e6 for g in ("h200", "l4")}  # bytes per ms
@@ -34,7 +34,8 @@ def synthetic(eta_w, eta_a, model, ctx, path="engine"):
 
 
 SRC = {"PYTHONPATH": str(Path(floorline.__file__).parents[1])}  # this checkout, from any cwd
-PROBE = {"gpu": "h200", "eager_us": 7.0, "graph_us": GRAPH_US, "stream_read_gbps": 4000, "source": "probe"}
+PROBE = {"gpu": "h200", "eager_us": 7.0, "graph_us": GRAPH_US, "stream_read_gbps": 4000,
+         "source": "probe"}
 
 
 def test_gpu_governed_terms_recovered_and_carried_to_another_gpu():
@@ -81,7 +82,8 @@ def test_host_bound_path_is_launches_times_host_cost():
             "classes": {"matrix-vector": {"kernels_per_step": 338, "ms": 4.5},
                         "attention": {"kernels_per_step": 28, "ms": 0.2},
                         "elementwise": {"kernels_per_step": 1034, "ms": 1.0}}}
-    graphs = [cell("hf-static+graphs", "qwen2.5-7b", c, synthetic(0.6, 0.2, "qwen2.5-7b", c, "hf-static"))
+    graphs = [cell("hf-static+graphs", "qwen2.5-7b", c,
+                   synthetic(0.6, 0.2, "qwen2.5-7b", c, "hf-static"))
               for c in (2048, 16384)]
     cal = Calibration([cell("hf-eager", "qwen2.5-7b", c, 56.0) for c in (2048, 8192)] + graphs,
                       [expl], [PROBE])
@@ -95,7 +97,8 @@ def test_host_bound_path_is_launches_times_host_cost():
 
 def test_transformers_attention_counts_query_heads():
     # Qwen2.5-7B: 28 layers, 28 query heads of 128, bf16: K and V repeated to every head.
-    assert attention_bytes("qwen2.5-7b", 1000, "hf-static+graphs", "bf16") == 28 * 2 * 28 * 128 * 2 * 1000
+    expected = 28 * 2 * 28 * 128 * 2 * 1000
+    assert attention_bytes("qwen2.5-7b", 1000, "hf-static+graphs", "bf16") == expected
     # The engine reads the cache as stored: 4 kv heads, and the new token's K and V.
     assert attention_bytes("qwen2.5-7b", 1000, "engine", "bf16") == 28 * 2 * 4 * 128 * 2 * 1001
 
@@ -106,7 +109,8 @@ def test_interval_is_conformal_order_statistics():
     assert interval_bounds(errors[:18]) is None  # 18 are too few
     low, high = interval(10.0, errors)
     assert (low, high) == (pytest.approx(10 / 1.09), pytest.approx(10 / 0.91))
-    rows = [{"kind": "k", "error": e, "forecast_ms": 1 + e, "measured_ms": 1.0} for e in errors + [0.5]]
+    rows = [{"kind": "k", "error": e, "forecast_ms": 1 + e, "measured_ms": 1.0}
+            for e in errors + [0.5]]
     c = coverage(rows)["k"]
     # 0.5 lies outside the others' range; every other error lies within its others' range
     # except the extremes -0.09 (the others' lowest is -0.08) and 0.09 is inside (0.5 is there).
@@ -126,12 +130,13 @@ def test_shipped_calibration_meets_its_target_and_forecasts_every_engine_path():
 
 
 def test_cpu_cells_never_forecast_a_gpu():
-    rows = [{"id": 1, "status": "valid", "gpu": "cpu", "path": "hf-eager", "model": "qwen2.5-7b",
-             "ctx": 128, "median_ms": 150.0, "weight_format": "bf16", "kv_dtype": "bf16",
-             "fingerprint_key": "env", "finished_at": "x"}]
+    rows = [CellRow(id=1, status="valid", gpu="cpu", path="hf-eager", model="qwen2.5-7b",
+                    ctx=128, steps=8, warmup=2, median_ms=150.0, weight_format="bf16",
+                    kv_dtype="bf16", fingerprint_key="env", finished_at="x")]
     cal = from_rows(rows, [], {}, "db")
     assert cal.cells == [] and cal.cpu_paths == {"hf-eager"}
-    with pytest.raises(FloorlineError, match="hf-eager was measured only on the CPU.*missing: a cell"):
+    with pytest.raises(FloorlineError,
+                       match="hf-eager was measured only on the CPU.*missing: a cell"):
         fit(cal, "hf-eager")
 
 
@@ -157,22 +162,27 @@ def test_predict_cli_refusals(tmp_path):
 
 def test_a_users_cells_add_to_the_shipped_ones_and_replace_the_same_cell():
     base = shipped()
-    measured = next(c for c in base.cells if (c["path"], c["model"], c["ctx"]) == ("engine", "qwen2.5-7b", 2048))
-    rows = [{"id": 7, "status": "valid", "gpu": g, "path": "engine", "model": "qwen2.5-7b",
-             "ctx": 2048, "median_ms": ms, "weight_format": "bf16", "kv_dtype": "bf16",
-             "fingerprint_key": "env", "finished_at": "x"} for g, ms in (("h200", 5.0), ("l4", 70.0))]
+    measured = next(c for c in base.cells
+                    if (c["path"], c["model"], c["ctx"]) == ("engine", "qwen2.5-7b", 2048))
+    rows = [CellRow(id=7, status="valid", gpu=g, path="engine", model="qwen2.5-7b", ctx=2048,
+                    steps=8, warmup=2, median_ms=ms, weight_format="bf16", kv_dtype="bf16",
+                    fingerprint_key="env", finished_at="x")
+            for g, ms in (("h200", 5.0), ("l4", 70.0))]
     cal = combine(base, from_rows(rows, [], {}, "mine"))
-    same = [c for c in cal.cells if (c["path"], c["model"], c["ctx"], c["gpu"]) == ("engine", "qwen2.5-7b", 2048, "h200")]
+    mine = ("engine", "qwen2.5-7b", 2048, "h200")
+    same = [c for c in cal.cells if (c["path"], c["model"], c["ctx"], c["gpu"]) == mine]
     assert [c["ms"] for c in same] == [5.0] and measured["ms"] != 5.0
     assert len(cal.cells) == len(base.cells) + 1
     f = forecast(cal, "qwen2.5-7b", "l4", 2048, "engine")
-    assert f.fit.gpus == {"h200", "l4"} and not any("no cell of engine on l4" in n for n in f.notes())
+    assert f.fit.gpus == {"h200", "l4"}
+    assert not any("no cell of engine on l4" in n for n in f.notes())
 
 
 def test_published_cells_as_printed_or_from_the_published_fraction():
     study = {"fraction_of_floor": [
                 {"gpu": "l4", "model": "qwen2.5-7b", "ctx": 2048, "path": "hf-eager", "value": 0.8},
-                {"gpu": "h100-sxm5", "model": "qwen2.5-7b", "ctx": 2048, "path": "hf-eager", "value": 0.25}],
+                {"gpu": "h100-sxm5", "model": "qwen2.5-7b", "ctx": 2048, "path": "hf-eager",
+                 "value": 0.25}],
              "quantised_ms": [{"gpu": "l4", "path": "bf16", "ms": 60.0},
                               {"gpu": "l4", "path": "GPTQ+ExLlamaV2", "ms": 20.0}]}
     rows = {(r["gpu"], r["path"]): r["published_ms"] for r in published_cells(study)}

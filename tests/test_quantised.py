@@ -9,10 +9,12 @@ import torch
 
 from conftest import run_cli
 from floorline.hardware import lookup
-from floorline.measure.cell import CellKey, measure_cell
+from floorline.measure.cell import measure_cell
 from floorline.measure.reduction import describe, reductions, reference_path
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, open_session, parse_path, unavailable
+from floorline.records import CellKey
+from floorline.store import CellRow
 from floorline.traffic import floor
 
 needs_bnb = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
@@ -25,14 +27,15 @@ def test_reference_paths_keep_the_options():
     assert reference_path("hf-static") is None
 
 
-@pytest.mark.parametrize("name", [n for n, p in REGISTRY.items() if getattr(p, "module", None)])
+@pytest.mark.parametrize("name", [n for n, p in REGISTRY.items()
+                                  if p.facts.library and p.facts.library.module])
 def test_a_missing_library_is_an_invalid_cell_saying_what_to_install(name, monkeypatch):
-    path = REGISTRY[name]
+    lib = REGISTRY[name].facts.library
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda m, *a, **k: None if m == path.module else real(m, *a, **k))
+                        lambda m, *a, **k: None if m == lib.module else real(m, *a, **k))
     reason = unavailable(parse_path(name), "cpu")
-    assert reason == f"{path.distribution} is not installed (pip install 'floorline[{path.extra}]')"
+    assert reason == f"{lib.distribution} is not installed (pip install 'floorline[{lib.extra}]')"
     cell = measure_cell(CellKey("tiny-llama", 16, name, 2, 0), "cpu", lookup("l4"))
     assert (cell.status, cell.reason) == ("invalid", "path unavailable: " + reason)
 
@@ -41,7 +44,8 @@ def test_a_missing_library_through_the_cli(tmp_path):
     # A path whose module cannot be found: the sweep records the invalid cell and goes on.
     db = tmp_path / "r.db"
     code = ("import importlib.util, sys; real = importlib.util.find_spec; "
-            "importlib.util.find_spec = lambda m, *a, **k: None if m == 'torchao' else real(m, *a, **k); "
+            "importlib.util.find_spec = "
+            "lambda m, *a, **k: None if m == 'torchao' else real(m, *a, **k); "
             "from floorline.cli import main; sys.argv = ['floorline'] + sys.argv[1:]; main()")
     import subprocess
     import sys
@@ -52,20 +56,22 @@ def test_a_missing_library_through_the_cli(tmp_path):
     assert proc.returncode == 0, proc.stderr
     message = "torchao is not installed (pip install 'floorline[torchao]')"
     assert message in " ".join(proc.stderr.split())  # the console wraps long lines
-    cells = {c["path"]: c for c in json.loads(run_cli("show", "--db", db, "--json", check=True).stdout)}
+    shown = json.loads(run_cli("show", "--db", db, "--json", check=True).stdout)
+    cells = {c["path"]: c for c in shown}
     assert cells["hf-static"]["status"] == "valid"
     assert cells["torchao-int4"]["reason"] == "path unavailable: " + message
 
 
 def row(id, path, ms, total_bytes, status="valid", reference=None):
-    return {"id": id, "model": "m", "ctx": 16, "path": path, "steps": 4, "warmup": 0,
-            "fingerprint_key": "k", "status": status, "median_ms": ms, "total_bytes": total_bytes,
-            "details": {"reference": reference} if reference else {}}
+    return CellRow(id=id, model="m", ctx=16, path=path, steps=4, warmup=0, gpu="l4",
+                   fingerprint_key="k", finished_at="x", status=status, median_ms=ms,
+                   total_bytes=total_bytes, details={"reference": reference} if reference else {})
 
 
 def test_reduction_arithmetic():
     ref = {"path": "hf-static+graphs", "total_bytes": 400}
-    rows = [row(1, "hf-static+graphs", 10.0, 400), row(2, "bnb-nf4+graphs", 8.0, 100, reference=ref),
+    rows = [row(1, "hf-static+graphs", 10.0, 400),
+            row(2, "bnb-nf4+graphs", 8.0, 100, reference=ref),
             row(3, "bnb-nf4", 30.0, 100, reference={"path": "hf-static", "total_bytes": 400})]
     r = reductions(rows)
     # expected 4x (a quarter of the bytes); realised 10/8 = 1.25x; time saved 20% of the 75%
@@ -89,8 +95,8 @@ def test_bnb_path_quantises_every_decoder_linear_and_decodes(name, fmt):
     kind = bnb.nn.Linear4bit if fmt == "nf4" else bnb.nn.Linear8bitLt
     with torch.no_grad():
         session = open_session(parse_path(name), resolve_model("tiny-qwen2"), "cpu", 40, seed=1)
-        linears = [m for m in session.model.modules() if isinstance(m, torch.nn.Linear)]
-        head = session.model.get_output_embeddings()
+        linears = [m for m in session.hf_model.modules() if isinstance(m, torch.nn.Linear)]
+        head = session.hf_model.get_output_embeddings()
         assert all(isinstance(m, kind) for m in linears if m is not head)
         assert not isinstance(head, kind) and head.weight.dtype == torch.bfloat16
         session.prefill(16)
@@ -109,8 +115,9 @@ def test_bnb_nf4_logits_follow_its_dequantised_weights():
     import bitsandbytes.functional as F
 
     with torch.no_grad():
-        session = open_session(parse_path("bnb-nf4"), resolve_model("tiny-llama"), "cpu", 40, seed=2)
-        model = session.model
+        session = open_session(parse_path("bnb-nf4"), resolve_model("tiny-llama"), "cpu", 40,
+                               seed=2)
+        model = session.hf_model
         x = torch.randint(512, (1, 12), generator=torch.Generator().manual_seed(0))
         quantised = model(x).logits.float()
         for name, m in list(model.named_modules()):
@@ -131,11 +138,13 @@ def test_bnb_nf4_logits_follow_its_dequantised_weights():
 def test_bnb_nf4_stores_what_its_format_counts():
     # The nf4 format's 4.5 bits/weight: 4-bit codes and one fp32 absmax per block of 64.
     with torch.no_grad():
-        session = open_session(parse_path("bnb-nf4"), resolve_model("tiny-llama"), "cpu", 40, seed=1)
-        for m in session.model.modules():
+        session = open_session(parse_path("bnb-nf4"), resolve_model("tiny-llama"), "cpu", 40,
+                               seed=1)
+        for m in session.hf_model.modules():
             if type(m).__name__ == "Linear4bit":
                 state = m.weight.quant_state
-                assert m.weight.numel() * m.weight.element_size() * 2 == m.in_features * m.out_features
+                stored = m.weight.numel() * m.weight.element_size()
+                assert stored * 2 == m.in_features * m.out_features
                 assert state.blocksize == 64 and state.absmax.dtype == torch.float32
                 assert state.absmax.numel() == m.in_features * m.out_features // 64
                 assert state.nested is False  # no double quantisation: that would be nf4-dq

@@ -8,14 +8,15 @@ import subprocess
 import pytest
 
 from conftest import run_cli
-from floorline.measure.cell import INVALID, VALID, CellKey, CellResult
+from floorline.records import INVALID, VALID, CellKey, CellResult
 from floorline.report.build import build_report
 from floorline.store import Store
 
 
 def small_db(path):
     store = Store(path)
-    for i, (ctx, p) in enumerate([(128, "hf-eager"), (512, "hf-eager"), (128, "hf-static"), (512, "hf-static")]):
+    grid = [(128, "hf-eager"), (512, "hf-eager"), (128, "hf-static"), (512, "hf-static")]
+    for i, (ctx, p) in enumerate(grid):
         median = 2.0 + i
         store.add(CellResult(CellKey("tiny-llama", ctx, p, 8, 2), "l4", VALID, None,
                              [median] * 8, {"median_ms": median, "p10_ms": median - 0.1,
@@ -23,9 +24,11 @@ def small_db(path):
                              {"floor_ms": 0.1 + ctx / 1e4, "total_bytes": 10**6, "peak_gbps": 300,
                               "weight_format": "bf16", "kv_dtype": "bf16"}),
                   {"device": "cpu: test", "torch": "x"}, "env")
-    parts = {"floor_ms": 0.1, "lost_in_kernels_ms": 0.5, "other_kernels_ms": 0.4, "launch_and_idle_ms": 1.0}
+    parts = {"floor_ms": 0.1, "lost_in_kernels_ms": 0.5, "other_kernels_ms": 0.4,
+             "launch_and_idle_ms": 1.0}
     store.add_explanation({"model": "tiny-llama", "ctx": 128, "path": "hf-eager", "gpu": "l4",
-                           "decomposition": {**parts, "median_ms": 2.0}}, {"device": "cpu: test"}, "env")
+                           "decomposition": {**parts, "median_ms": 2.0}},
+                          {"device": "cpu: test"}, "env")
     store.add(CellResult(CellKey("tiny-llama", 4096, "hf-eager", 8, 2), "l4", INVALID,
                          "context above the model's limit: test"), {"device": "cpu: test"}, "env")
     return path
@@ -49,9 +52,11 @@ def test_report_from_a_small_database(tmp_path):
 def test_quantised_cells_fill_their_figure(tmp_path):
     db = small_db(tmp_path / "r.db")
     Store(db).add(CellResult(CellKey("tiny-llama", 128, "hf-eager", 8, 2), "l4", VALID, None, [1.0],
-                             {"median_ms": 1.0, "p10_ms": 1.0, "p90_ms": 1.0, "mean_ms": 1.0, "n": 1},
+                             {"median_ms": 1.0, "p10_ms": 1.0, "p90_ms": 1.0, "mean_ms": 1.0,
+                              "n": 1},
                              {"floor_ms": 0.05, "total_bytes": 10**5, "peak_gbps": 300,
-                              "weight_format": "nf4", "kv_dtype": "bf16"}), {"device": "cpu: test"}, "env")
+                              "weight_format": "nf4", "kv_dtype": "bf16"}),
+                  {"device": "cpu: test"}, "env")
     written = build_report(db, tmp_path / "out")
     assert not any("quantised" in m for m in written["missing"])
     assert "Drawn from cells 6 of this database" in (tmp_path / "out" / "report.md").read_text()
@@ -62,7 +67,8 @@ def test_report_from_an_empty_database(tmp_path):
     Store(db).close()
     proc = run_cli("report", "--db", db, "--out", tmp_path / "out", check=True)
     lines = [line for line in proc.stderr.splitlines() if line.startswith("missing: ")]
-    assert lines[0] == "missing: figure 1: There are no valid cells yet: `floorline sweep` measures them."
+    assert lines[0] == ("missing: figure 1: There are no valid cells yet: `floorline sweep` "
+                        "measures them.")
     assert len(lines) == 7  # every figure says what fills it
     for line in lines:  # a whole sentence naming the command that fills it
         assert line.endswith(".") and "`floorline " in line, line
@@ -107,9 +113,11 @@ def test_every_image_loads_in_a_browser(tmp_path):
 
 def cell(model, ctx, path, median, floor_ms, peak=300.0, weight_format="bf16", env="env"):
     return (CellResult(CellKey(model, ctx, path, 8, 2), "l4", VALID, None, [median] * 8,
-                       {"median_ms": median, "p10_ms": median, "p90_ms": median, "mean_ms": median, "n": 8},
+                       {"median_ms": median, "p10_ms": median, "p90_ms": median,
+                        "mean_ms": median, "n": 8},
                        {"floor_ms": floor_ms, "total_bytes": 10**6, "peak_gbps": peak,
-                        "weight_format": weight_format, "kv_dtype": "bf16"}), {"device": "test"}, env)
+                        "weight_format": weight_format, "kv_dtype": "bf16"}),
+            {"device": "test"}, env)
 
 
 def test_headline_bars_and_labels_come_from_the_database(tmp_path):
@@ -124,7 +132,8 @@ def test_headline_bars_and_labels_come_from_the_database(tmp_path):
               {"device": "test"}, "env")
     rows = store.rows(latest=False)
     (panel,) = ladder(rows)
-    assert [b["path"] for b in panel["bars"]] == ["hf-eager", "engine", "engine-int4"]  # slowest first
+    # slowest first
+    assert [b["path"] for b in panel["bars"]] == ["hf-eager", "engine", "engine-int4"]
     assert [b["ms"] for b in panel["bars"]] == [11.0, 2.0, 1.5]  # hf-eager: median of its two runs
     assert [b["quantised"] for b in panel["bars"]] == [False, False, True]
     assert panel["floor_ms"] == 1.0
@@ -175,4 +184,5 @@ def test_names_with_markup_are_shown_as_text(tmp_path):
     escaped = r"m\[/red\]\*b\*\_i\_\|x\`c\`\<b\>\&amp;$1$\#"
     assert f"| 1 | {escaped} | 128 |" in md and name not in md
     page = (tmp_path / "out" / "index.html").read_text()
-    assert "<td>m[/red]*b*_i_|x<code>c</code>&lt;b&gt;&amp;amp;$1$#</td>" in page and "<b>" not in page
+    assert "<td>m[/red]*b*_i_|x<code>c</code>&lt;b&gt;&amp;amp;$1$#</td>" in page
+    assert "<b>" not in page

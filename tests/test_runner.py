@@ -13,12 +13,13 @@ import pytest
 from conftest import run_cli
 from floorline.hardware import lookup
 from floorline.measure import runner
-from floorline.measure.cell import CellKey, step_budget
+from floorline.measure.cell import step_budget
 from floorline.measure.explain import explain_in_child
 from floorline.measure.sweep import Sweep
-from floorline.measure.timer import StepPlan
 from floorline.models import resolve_model
+from floorline.records import CellKey
 from floorline.store import Store
+from floorline.timing import StepPlan
 from floorline.traffic import floor
 
 # A worker run in place of the runner's child: it misbehaves as the cell's context says, then
@@ -71,7 +72,7 @@ def key(ctx: int) -> CellKey:
 
 
 def stored(db: Path) -> list[tuple[int, str, str | None]]:
-    return [(r["ctx"], r["status"], r["reason"]) for r in Store(db, read_only=True).rows()]
+    return [(r.ctx, r.status, r.reason) for r in Store(db, read_only=True).rows()]
 
 
 def test_cells_whose_process_dies_are_invalid_and_the_sweep_goes_on(misbehaving_child):
@@ -88,12 +89,12 @@ def test_cells_whose_process_dies_are_invalid_and_the_sweep_goes_on(misbehaving_
         (56, "invalid", failed + "killed by SIGSEGV"),
     ]
     assert rows[4] == (40, "valid", None)
-    cells = {r["ctx"]: r for r in Store(db, read_only=True).rows()}
-    assert len(cells[40]["samples_ms"]) == 4
+    cells = {r.ctx: r for r in Store(db, read_only=True).rows()}
+    assert len(cells[40].samples_ms) == 4
     # A failed cell keeps what the parent knows of it: its floor and what it was to run.
     f = floor(resolve_model("tiny-llama"), GPU, 16)
-    assert (cells[16]["total_bytes"], cells[16]["floor_ms"]) == (f.total_bytes, f.floor_ms)
-    assert cells[16]["details"]["prompt_tokens"] == 16 and cells[16]["samples_ms"] == []
+    assert (cells[16].total_bytes, cells[16].floor_ms) == (f.total_bytes, f.floor_ms)
+    assert cells[16].details["prompt_tokens"] == 16 and cells[16].samples_ms == []
 
 
 def gone(pid: int) -> bool:

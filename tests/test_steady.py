@@ -8,9 +8,9 @@ import pytest
 from scipy.stats import binom
 
 from conftest import run_cli
-from floorline.measure import timer
-from floorline.measure.timer import StepPlan, drift, run_plan
+from floorline import timing
 from floorline.stats import median_interval
+from floorline.timing import StepPlan, drift, run_plan
 
 
 class FakeClock:
@@ -31,7 +31,7 @@ class FakeClock:
 def clock(monkeypatch):
     def make(duration_ms):
         c = FakeClock(duration_ms)
-        monkeypatch.setattr(timer, "time", c)
+        monkeypatch.setattr(timing, "time", c)
         return c
     return make
 
@@ -42,7 +42,7 @@ def test_a_slow_start_is_warmed_through(clock):
     # three windows of that.
     c = clock(lambda k: 1.0 + math.exp(-k / 20))
     t = run_plan(c.step, "cpu", StepPlan(None, 64))
-    assert t.steady and 93 <= t.warmup_steps <= 93 + 3 * timer.WINDOW
+    assert t.steady and 93 <= t.warmup_steps <= 93 + 3 * timing.WINDOW
     assert t.drift == pytest.approx(1.0, abs=0.005)
     # The same 64 steps without warm-up drift by the slow start: the medians of steps 48-63
     # and 0-15 are the means of steps 55 and 56, and of 7 and 8.
@@ -58,19 +58,19 @@ def test_a_plateau_of_slow_steps_is_warmed_through(clock):
     # second is not, the third agrees with the second.
     c = clock(lambda k: 1.11 if k < 30 else 1.0)
     t = run_plan(c.step, "cpu", StepPlan(None, 64))
-    assert t.steady and t.warmup_steps == 3 * timer.WINDOW
+    assert t.steady and t.warmup_steps == 3 * timing.WINDOW
     assert t.samples_ms == pytest.approx([1.0] * 64) and t.drift == pytest.approx(1.0)
 
 
 def test_a_steady_step_stops_after_two_windows(clock):
     c = clock(lambda k: 2.0 + 0.001 * (k % 3))
     t = run_plan(c.step, "cpu", StepPlan(None, 16))
-    assert t.steady and t.warmup_steps == 2 * timer.WINDOW < timer.WARMUP_CAP
-    assert c.k == 2 * timer.WINDOW + 16
+    assert t.steady and t.warmup_steps == 2 * timing.WINDOW < timing.WARMUP_CAP
+    assert c.k == 2 * timing.WINDOW + 16
 
 
 def test_a_step_that_never_settles_stops_at_the_cap(clock):
-    c = clock(lambda k: 1.0 * 1.05 ** (k // timer.WINDOW))  # 5% slower every window
+    c = clock(lambda k: 1.0 * 1.05 ** (k // timing.WINDOW))  # 5% slower every window
     t = run_plan(c.step, "cpu", StepPlan(None, 8, warmup_cap=160))  # 160 steps: under 1 s
     assert t.steady is False and t.warmup_steps == 160
     assert t.details()["steady"] is False
@@ -79,11 +79,11 @@ def test_a_step_that_never_settles_stops_at_the_cap(clock):
 def test_a_slow_unsettled_step_stops_at_the_time_cap(clock):
     # 48 ms steps, 5% slower every window: three windows take under the 5 s cap, the fourth
     # passes it.
-    c = clock(lambda k: 48.0 * 1.05 ** (k // timer.WINDOW))
+    c = clock(lambda k: 48.0 * 1.05 ** (k // timing.WINDOW))
     spent = sum(32 * 48.0 * 1.05 ** w for w in range(3))
-    assert spent < timer.WARMUP_MAX_S * 1e3 < spent + 32 * 48.0 * 1.05 ** 3
+    assert spent < timing.WARMUP_MAX_S * 1e3 < spent + 32 * 48.0 * 1.05 ** 3
     t = run_plan(c.step, "cpu", StepPlan(None, 4))
-    assert t.steady is False and t.warmup_steps == 4 * timer.WINDOW
+    assert t.steady is False and t.warmup_steps == 4 * timing.WINDOW
 
 
 def test_a_fixed_warmup_runs_exactly_that_many(clock):
@@ -105,16 +105,16 @@ def test_steps_auto_stops_at_the_width_asked(clock, rel_width):
     c = clock(lambda k: 1.0 + noise[k])
     t = run_plan(c.step, "cpu", StepPlan(0, None, rel_width))
     n = len(t.samples_ms)
-    assert t.width_reached and n < timer.STEPS_CAP
+    assert t.width_reached and n < timing.STEPS_CAP
     low, high = t.median_ci_ms
     assert (high - low) / np.median(t.samples_ms) <= rel_width
     # Independently: the order-statistic interval is about as wide as asked (a batch adds a
     # quarter more steps, narrowing it by about a tenth; the rest is the sample's own luck).
     assert 0.6 * rel_width <= order_statistic_width(t.samples_ms) <= 1.1 * rel_width
     # The rule was checked after every batch: a batch before the stop it was still too wide.
-    sizes = [timer.FIRST_STEPS]
+    sizes = [timing.FIRST_STEPS]
     while sizes[-1] < n:
-        sizes.append(sizes[-1] + max(timer.FIRST_STEPS // 2, sizes[-1] // 4))
+        sizes.append(sizes[-1] + max(timing.FIRST_STEPS // 2, sizes[-1] // 4))
     assert sizes[-1] == n
     iv = median_interval(t.samples_ms[:sizes[-2]])
     assert iv.high - iv.low > rel_width * iv.estimate
@@ -133,7 +133,7 @@ def test_steps_auto_stops_at_its_cap(clock):
 def test_steps_auto_on_identical_steps_stops_at_the_first_batch(clock):
     c = clock(lambda k: 3.0)
     t = run_plan(c.step, "cpu", StepPlan(0, None))
-    assert len(t.samples_ms) == timer.FIRST_STEPS and t.median_ci_ms == pytest.approx((3.0, 3.0))
+    assert len(t.samples_ms) == timing.FIRST_STEPS and t.median_ci_ms == pytest.approx((3.0, 3.0))
 
 
 def test_drift_is_last_quarter_over_first():
@@ -147,7 +147,7 @@ def test_plan_caps_shrink_to_the_positions_left():
     assert plan.warmup_cap == int(512 * 1000 / (512 + 2048))
     plan = StepPlan(100, None).within(600)
     assert (plan.most_warmup, plan.most_steps) == (100, 500)
-    assert StepPlan(None, 16).within(0).warmup_cap == 2 * timer.WINDOW
+    assert StepPlan(None, 16).within(0).warmup_cap == 2 * timing.WINDOW
     assert StepPlan(8, 64).within(10) == StepPlan(8, 64)  # fixed counts are never cut
 
 

@@ -1,9 +1,12 @@
+import json
+import shutil
 import sqlite3
+from pathlib import Path
 
 import pytest
 
 from floorline.errors import FloorlineError
-from floorline.measure.cell import INVALID, VALID, CellKey, CellResult
+from floorline.records import INVALID, VALID, CellKey, CellResult
 from floorline.store import SCHEMA_VERSION, Store
 
 
@@ -22,10 +25,10 @@ def test_rows_round_trip_and_validity_is_per_environment(tmp_path):
     assert store.has_valid(CellKey("m", 8, "hf-eager", 3, 1), "env-a")
     assert not store.has_valid(CellKey("m", 8, "hf-eager", 3, 1), "env-b")
     assert not store.has_valid(CellKey("m", 16, "hf-eager", 3, 1), "env-a")
-    rows = {r["ctx"]: r for r in store.rows()}
-    assert rows[8]["samples_ms"] == [1.0, 2.0, 3.0] and rows[8]["fingerprint"] == {"torch": "x"}
-    assert rows[8]["fraction_of_floor"] == 0.5 and rows[8]["achieved_gbps"] == 150.0
-    assert rows[16]["reason"] == "out of memory: x" and rows[16]["median_ms"] is None
+    rows = {r.ctx: r for r in store.rows()}
+    assert rows[8].samples_ms == [1.0, 2.0, 3.0] and rows[8].fingerprint == {"torch": "x"}
+    assert rows[8].fraction_of_floor == 0.5 and rows[8].achieved_gbps == 150.0
+    assert rows[16].reason == "out of memory: x" and rows[16].median_ms is None
     store.add(cell(8), {"torch": "x"}, "env-a")
     assert len(store.rows()) == 2 and len(store.rows(latest=False)) == 3
 
@@ -66,10 +69,10 @@ def test_merge_copies_each_result_once_and_keeps_where_it_came_from(tmp_path, cl
     assert "2 cells, 1 ab experiments, 1 probes" in proc.stdout and "3 cells in" in proc.stdout
     merged = Store(out)
     rows = merged.rows(latest=False)
-    assert [(r["ctx"], r["fingerprint_key"]) for r in rows] == [(8, "env-a"), (16, "env-a"),
+    assert [(r.ctx, r.fingerprint_key) for r in rows] == [(8, "env-a"), (16, "env-a"),
                                                                  (8, "env-b")]
-    assert rows[0]["details"]["merged_from"] == {"file": "a.db", "id": 1}
-    assert rows[0]["samples_ms"] == [1.0, 2.0, 3.0]
+    assert rows[0].details["merged_from"] == {"file": "a.db", "id": 1}
+    assert rows[0].samples_ms == [1.0, 2.0, 3.0]
     sessions = merged.db.execute("SELECT experiment_id, idx FROM ab_sessions").fetchall()
     assert sessions == [(1, 0), (1, 1), (1, 2)]
     assert merged.ab_summaries() == [{"id": 1, "speedup": 2.0}]
@@ -144,3 +147,41 @@ def test_a_database_from_before_schema_2_is_shown_and_merged_without_being_writt
     reader.close()
     assert "1 cells" in cli("merge", out, old, check=True).stdout
     assert old.read_bytes() == before
+
+
+COMMITTED = Path(__file__).parents[1] / "bench" / "results" / "h200_fleet.db"
+
+
+def test_a_committed_database_reads_as_its_raw_rows_and_new_ones_share_its_tables(tmp_path):
+    copy = tmp_path / "fleet.db"
+    shutil.copy(COMMITTED, copy)  # a copy: even reading a WAL database may touch files beside it
+    raw = sqlite3.connect(copy)
+    raw.row_factory = sqlite3.Row
+    expected = []
+    for r in raw.execute("SELECT * FROM cells ORDER BY id"):
+        row = dict(r)
+        for k in ("samples_ms", "fingerprint", "details"):
+            row[k] = json.loads(row[k])
+        expected.append(row)
+    raw.row_factory = None
+    rows = Store(copy, read_only=True).rows(latest=False)
+    assert len(rows) == len(expected) > 0
+    assert [r.as_dict() for r in rows] == expected
+    Store(tmp_path / "new.db").close()
+    new = sqlite3.connect(tmp_path / "new.db")
+    for table in ("cells", "ab_experiments", "ab_sessions", "explanations", "probes"):
+        info = f"PRAGMA table_info({table})"
+        assert new.execute(info).fetchall() == raw.execute(info).fetchall()
+    index = "PRAGMA index_info(cells_by_key)"
+    assert new.execute(index).fetchall() == raw.execute(index).fetchall()
+
+
+def test_the_fraction_of_the_measured_floor_comes_from_the_environments_probe(tmp_path):
+    store = Store(tmp_path / "r.db")
+    store.add(cell(8), {"torch": "x"}, "env-a")
+    store.add(cell(8), {"torch": "y"}, "env-b")
+    store.add_probe("cpu", {"stream_read_gbps": 300.0}, {"torch": "x"}, "env-a")
+    probed, unprobed = store.rows()
+    # 300 MB moved at a measured 300 GB/s takes 1 ms; the step's median is 2 ms
+    assert probed.fraction_of_measured(store.probes()) == pytest.approx(0.5)
+    assert unprobed.fraction_of_measured(store.probes()) is None

@@ -56,10 +56,12 @@ def test_bf16_floor_matches_hand_count(name, ctx):
 def test_qwen_reference_counts_and_h200_floor():
     # Reference parameter counts and the hand-run baselines' H200 floors (2.97 / 3.14 ms).
     counts = count_parameters(resolve_model("qwen2.5-7b"))
-    assert (counts.total, counts.input_embedding, counts.tied) == (7_615_616_512, 544_997_376, False)
+    assert (counts.total, counts.input_embedding, counts.tied) == (7_615_616_512, 544_997_376,
+                                                                   False)
     h200 = lookup("h200")
     assert floor(resolve_model("qwen2.5-7b"), h200, 2048).floor_ms == pytest.approx(2.97, abs=0.005)
-    assert floor(resolve_model("qwen2.5-7b"), h200, 16384).floor_ms == pytest.approx(3.14, abs=0.005)
+    assert floor(resolve_model("qwen2.5-7b"), h200, 16384).floor_ms == pytest.approx(3.14,
+                                                                                     abs=0.005)
     assert floor(resolve_model("qwen2.5-7b"), h200, 2048).weight_bytes == 14_141_245_440
 
 
@@ -174,17 +176,21 @@ def test_library_formats_bytes(name, fmt):
     total, embed, linears = expected_counts(cfg)
     h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
     head = embed  # the LM head has the table's shape; a tied table is read once, as the head
-    bias = total - linears - embed - (0 if cfg["tie_word_embeddings"] else head) - (2 * layers + 1) * h
+    untied_head = 0 if cfg["tie_word_embeddings"] else head
+    bias = total - linears - embed - untied_head - (2 * layers + 1) * h
     norms = (2 * layers + 1) * h
     row = 0 if cfg["tie_word_embeddings"] else h
     linear_bytes, head_bytes, row_bytes, small_bytes = {
         # bitsandbytes NF4: 4-bit codes + one fp32 absmax per block of 64
         "nf4": (linears / 2 + linears / 64 * 4, head * 2, row * 2, (norms + bias) * 2),
         # LLM.int8: int8 + one fp32 scale per output row
-        "bnb-int8": (linears + layers * linear_rows(cfg) * 4, head * 2, row * 2, (norms + bias) * 2),
+        "bnb-int8": (linears + layers * linear_rows(cfg) * 4, head * 2, row * 2,
+                     (norms + bias) * 2),
         # GPTQ / AWQ: 4-bit weights, per 128 an fp16 scale and a 4-bit zero
-        "gptq-int4-g128": (linears / 2 + linears / 128 * 2.5, head * 2, row * 2, (norms + bias) * 2),
-        "awq-int4-g128": (linears / 2 + linears / 128 * 2.5, head * 2, row * 2, (norms + bias) * 2),
+        "gptq-int4-g128": (linears / 2 + linears / 128 * 2.5, head * 2, row * 2,
+                           (norms + bias) * 2),
+        "awq-int4-g128": (linears / 2 + linears / 128 * 2.5, head * 2, row * 2,
+                          (norms + bias) * 2),
         # tinygemm: 4-bit weights, per 128 a bf16 scale and a bf16 zero
         "int4-g128": (linears / 2 + linears / 128 * 4, head * 2, row * 2, (norms + bias) * 2),
         # GGUF: F32 norms and biases; Q4_0 = 18 bytes per 32 weights; the head Q6_K = 210 bytes
@@ -194,7 +200,8 @@ def test_library_formats_bytes(name, fmt):
                       row / 32 * 18, (norms + bias) * 4),
     }[fmt]
     f = floor(resolve_model(name), lookup("h200"), 2048, weight_format=fmt)
-    assert f.weight_bytes == pytest.approx(linear_bytes + head_bytes + row_bytes + small_bytes, abs=1)
+    expected = linear_bytes + head_bytes + row_bytes + small_bytes
+    assert f.weight_bytes == pytest.approx(expected, abs=1)
     assert f.kv_bytes == expected_kv_bytes(cfg, 2048)
 
 

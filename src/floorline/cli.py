@@ -2,20 +2,53 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
+import random
+import re
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
+from rich.text import Text
 
+from floorline import hardware
 from floorline.errors import FloorlineError, one_line
+from floorline.forecast import calibration
+from floorline.forecast.accuracy import LEVEL, forecast
+from floorline.hardware import CATALOGUE, lookup
+from floorline.measure import fleet
+from floorline.measure.ab import Plan, check_plan, run_ab, run_recorded
+from floorline.measure.cell import check_floor
+from floorline.measure.explain import check_context, explain_into
+from floorline.measure.fingerprint import environment
+from floorline.measure.fleet import LOCAL_CUDA, check_cluster
+from floorline.measure.probe import check_buffer, probe_into
+from floorline.measure.reduction import describe, reductions
+from floorline.measure.runner import TIMEOUT_S, ChildFailed
+from floorline.measure.sweep import STUDY_CONTEXTS, Grid, Sweep, check_grid, default_grid
+from floorline.models import resolve_model, shipped_models
+from floorline.models.zoo import SOURCES
+from floorline.paths import REGISTRY, parse_path, require_available, unavailable
+from floorline.records import key_steps, key_warmup
 from floorline.stats import percent
+from floorline.store import COLUMNS, CellRow, Store, merge
+from floorline.timing import REL_WIDTH
+from floorline.traffic import WEIGHT_FORMATS, count_parameters, floor
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                   help="Batch-1 LLM decode against its memory floor.")
@@ -24,12 +57,21 @@ out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, soft_wrap=True)  # messages whole, never broken at 80 columns
 
 DB_OPTION = Annotated[Path, typer.Option("--db", help="Results database (SQLite).")]
-DEVICE_OPTION = Annotated[Optional[str], typer.Option(help="cuda, cuda:N or cpu; default: cuda if present.")]
-GPU_OPTION = Annotated[Optional[str], typer.Option(help="GPU for the floor (`floorline gpus`); default: detected.")]
-TRUST_OPTION = Annotated[bool, typer.Option("--trust-remote-code", help="Run a config's own model code (auto_map).")]
-WARMUP_OPTION = Annotated[str, typer.Option(help="Untimed decode steps before timing, or 'auto': until the median of 32 steps is within 1% of the 32 before (at most 512 steps or about 5 s).")]
-REL_WIDTH_OPTION = Annotated[Optional[float], typer.Option(help="With --steps auto: the width of the median's 95% interval to reach, as a fraction of the median (default 0.01).")]
-TIMEOUT_OPTION = Annotated[Optional[float], typer.Option("--timeout", help="Seconds each measuring process (one per cell or session) may run before it is stopped and its result marked as timed out (default 1800).")]
+DEVICE_OPTION = Annotated[str | None, typer.Option(
+    help="cuda, cuda:N or cpu; default: cuda if present.")]
+GPU_OPTION = Annotated[str | None, typer.Option(
+    help="GPU for the floor (`floorline gpus`); default: detected.")]
+TRUST_OPTION = Annotated[bool, typer.Option(
+    "--trust-remote-code", help="Run a config's own model code (auto_map).")]
+WARMUP_OPTION = Annotated[str, typer.Option(
+    help="Untimed decode steps before timing, or 'auto': until the median of 32 steps is within "
+         "1% of the 32 before (at most 512 steps or about 5 s).")]
+REL_WIDTH_OPTION = Annotated[float | None, typer.Option(
+    help="With --steps auto: the width of the median's 95% interval to reach, as a fraction of "
+         "the median (default 0.01).")]
+TIMEOUT_OPTION = Annotated[float | None, typer.Option(
+    "--timeout", help="Seconds each measuring process (one per cell or session) may run before it "
+                      "is stopped and its result marked as timed out (default 1800).")]
 SEED_MAX = 2**32 - 1
 STEPS_MAX = 1_000_000
 MAX_CONTEXT = 2**31 - 1  # tokens; far above any model, and within what the database stores
@@ -74,8 +116,6 @@ def parse_count(text: str, option: str, least: int) -> int | None:
 
 def parse_rel_width(rel_width: float | None, steps: int | None) -> float:
     """--rel-width, which only `--steps auto` reads; default 0.01."""
-    from floorline.measure.timer import REL_WIDTH
-
     if rel_width is None:
         return REL_WIDTH
     if steps is not None:
@@ -88,8 +128,6 @@ def parse_rel_width(rel_width: float | None, steps: int | None) -> float:
 
 def parse_timeout(timeout: float | None) -> float:
     """--timeout in seconds; default the runner's."""
-    from floorline.measure.runner import TIMEOUT_S
-
     if timeout is None:
         return TIMEOUT_S
     if not 1 <= timeout <= 1e6:
@@ -112,8 +150,6 @@ def default_device() -> str:
 
 def check_device(device: str | None) -> str:
     """The --device asked for (None: the default); an empty or unknown one is refused."""
-    import re
-
     import torch
 
     if device is None:
@@ -130,8 +166,6 @@ def check_device(device: str | None) -> str:
 
 
 def resolve_gpu(name: str | None, device: str):
-    from floorline import hardware
-
     return hardware.detect(device) if name is None else hardware.lookup(name)
 
 
@@ -148,15 +182,14 @@ def model_label(name: str, width: int = 40) -> str:
         except ValueError:
             continue
     label = str(path)
-    return label if len(label) <= width or len(path.parts) <= 2 else "…/" + "/".join(path.parts[-2:])
+    if len(label) <= width or len(path.parts) <= 2:
+        return label
+    return "…/" + "/".join(path.parts[-2:])
 
 
 def progress_bar():
     """Progress on stderr with the time left, estimated from the items done so far (redrawn in
     place on a terminal; in a log, one line when it ends)."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
-
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=err)
 
@@ -164,8 +197,6 @@ def progress_bar():
 def fleet_progress():
     """progress_bar() with a line per worker under it: its GPU, the cell it is measuring and
     how many it has finished. Returns the bar and the lines, by worker, to update."""
-    from rich.text import Text
-
     bar, lines = progress_bar(), {}
     bars = bar.get_renderables
 
@@ -185,56 +216,48 @@ def _num(v, fmt: str) -> str:
 @app.command()
 def models() -> None:
     """The shipped model architectures (any local directory with a config.json works too)."""
-    from floorline.models import resolve_model, shipped_models
-    from floorline.models.zoo import SOURCES
-    from floorline.traffic import count_parameters
-
     table = Table("model", "architecture", "params", "layers", "hidden", "heads/kv", "max ctx",
                   "tied", "source")
     for name in shipped_models():
-        spec = resolve_model(name)
-        cfg = spec.config.get_text_config()
-        counts = count_parameters(spec)
+        model_spec = resolve_model(name)
+        cfg = model_spec.config.get_text_config()
+        counts = count_parameters(model_spec)
         kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        table.add_row(name, cfg.model_type, f"{counts.total / 1e9:.3f} B", str(cfg.num_hidden_layers),
-                      str(cfg.hidden_size), f"{cfg.num_attention_heads}/{kv}",
-                      str(spec.max_context), "yes" if counts.tied else "no", SOURCES[name])
+        table.add_row(name, cfg.model_type, f"{counts.total / 1e9:.3f} B",
+                      str(cfg.num_hidden_layers), str(cfg.hidden_size),
+                      f"{cfg.num_attention_heads}/{kv}",
+                      str(model_spec.max_context), "yes" if counts.tied else "no", SOURCES[name])
     out.print(table)
 
 
 @app.command()
 def gpus() -> None:
     """The GPU catalogue: datasheet peak bandwidth, memory and SMs, with sources."""
-    from floorline.hardware import CATALOGUE
-
     table = Table("gpu", "name", "peak GB/s", "memory GB", "SMs", "source")
     for g in CATALOGUE:
-        table.add_row(g.name, g.full_name, f"{g.peak_gbps:g}", f"{g.memory_gb:g}", str(g.sms), g.source)
+        table.add_row(g.name, g.full_name, f"{g.peak_gbps:g}", f"{g.memory_gb:g}", str(g.sms),
+                      g.source)
     out.print(table)
 
 
 @app.command()
 def formats() -> None:
     """Weight formats of the floor: bits per weight, group metadata, what stays 16-bit."""
-    from floorline.traffic import WEIGHT_FORMATS
-
     table = Table("format", "linear bits/weight", "group", "metadata bits/group", "LM head bits",
                   "norms/biases bits", "layout")
     for f in WEIGHT_FORMATS.values():
         per_weight = f.bits + (f.group_bits / f.group_size if f.group_size else 0)
         per_row = "" if f.group_size or not f.group_bits else f" + {f.group_bits:g} per row"
         head_rows = f" + {f.head_row_bits:g} per row" if f.head_row_bits else ""
-        table.add_row(f.name, f"{per_weight:.4g}{per_row}",
-                      str(f.group_size or "row"), f"{f.group_bits:g}", f"{f.head_bits:.4g}{head_rows}",
-                      str(f.dense_bits), f.source)
+        table.add_row(f.name, f"{per_weight:.4g}{per_row}", str(f.group_size or "row"),
+                      f"{f.group_bits:g}", f"{f.head_bits:.4g}{head_rows}", str(f.dense_bits),
+                      f.source)
     out.print(table)
 
 
 @app.command("paths")
 def paths_cmd(device: DEVICE_OPTION = None) -> None:
     """Every base path: its weight format, the libraries it runs on, and whether it can run here."""
-    from floorline.paths import REGISTRY, parse_path, unavailable
-
     device = check_device(device)
     table = Table("path", "weights", "KV", "16-bit reference", "libraries", f"on {device}",
                   title="options: +compile, +graphs")
@@ -249,26 +272,27 @@ def paths_cmd(device: DEVICE_OPTION = None) -> None:
 @app.command("floor")
 def floor_cmd(
     model: Annotated[str, typer.Option(help="Shipped name or local directory with config.json.")],
-    gpu: Annotated[Optional[str], typer.Option(help="Catalogue name; default: the running GPU.")] = None,
-    ctx: Annotated[Optional[list[str]], typer.Option(help="Context lengths, e.g. 2048,16384.")] = None,
-    weight_format: Annotated[str, typer.Option(help="bf16, fp16, fp32, int8, int4-g128, nf4, nf4-dq, bnb-int8, gptq-int4-g128, awq-int4-g128, gguf-bf16, gguf-q4_0 (`floorline formats`).")] = "bf16",
-    kv_dtype: Annotated[str, typer.Option(help="bf16, fp16, fp32, fp8, engine-fp8 (fp8 with an fp32 scale per token and kv head).")] = "bf16",
+    gpu: Annotated[str | None, typer.Option(
+        help="Catalogue name; default: the running GPU.")] = None,
+    ctx: Annotated[list[str] | None, typer.Option(help="Context lengths, e.g. 2048,16384.")] = None,
+    weight_format: Annotated[str, typer.Option(
+        help="bf16, fp16, fp32, int8, int4-g128, nf4, nf4-dq, bnb-int8, gptq-int4-g128, "
+             "awq-int4-g128, gguf-bf16, gguf-q4_0 (`floorline formats`).")] = "bf16",
+    kv_dtype: Annotated[str, typer.Option(
+        help="bf16, fp16, fp32, fp8, engine-fp8 (fp8 with an fp32 scale per token and kv "
+             "head).")] = "bf16",
     trust_remote_code: TRUST_OPTION = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
 ) -> None:
     """Bytes one decode step must move and the floor they set: analytic, no GPU needed."""
-    from floorline.measure.cell import check_floor
-    from floorline.measure.sweep import STUDY_CONTEXTS
-    from floorline.models import resolve_model
-    from floorline.traffic import floor
-
     contexts = parse_contexts(ctx) or STUDY_CONTEXTS
-    spec = resolve_model(model, trust_remote_code)
+    model_spec = resolve_model(model, trust_remote_code)
     if gpu is None and default_device() == "cpu":
         raise FloorlineError("no GPU here to detect: pass --gpu (see `floorline gpus`)")
     device_spec = resolve_gpu(gpu, "cuda")
-    floors = [check_floor(floor(spec, device_spec, c, weight_format, kv_dtype)) for c in contexts]
-    limit = spec.max_context
+    floors = [check_floor(floor(model_spec, device_spec, c, weight_format, kv_dtype))
+              for c in contexts]
+    limit = model_spec.max_context
     for c in contexts:
         if limit is not None and c > limit:
             err.print(f"note: ctx {c} is above the model's {limit} positions "
@@ -280,7 +304,7 @@ def floor_cmd(
         return
     table = Table("ctx", "weights GB", "KV GB", "total GB", "floor ms", "all-params GB",
                   "all-params floor ms",
-                  title=f"{escape(model_label(spec.name))} on {device_spec.name} "
+                  title=f"{escape(model_label(model_spec.name))} on {device_spec.name} "
                         f"({device_spec.peak_gbps:g} GB/s datasheet), "
                         f"weights {weight_format}, KV {kv_dtype}")
     for f in floors:
@@ -293,7 +317,8 @@ def floor_cmd(
 def warmup_columns(details: dict) -> list[str]:
     """Warm-up steps (marked where the step never settled before the cap) and drift."""
     steps = details.get("warmup_steps")
-    label = "-" if steps is None else f"{steps}" + (" (not steady)" if details.get("steady") is False else "")
+    unsteady = " (not steady)" if details.get("steady") is False else ""
+    label = "-" if steps is None else f"{steps}{unsteady}"
     return [label, _num(details.get("drift"), ".3f")]
 
 
@@ -309,73 +334,73 @@ def energy_columns(e: dict | None) -> list[str]:
             span("sm_clock_mhz"), span("temperature_c")]
 
 
-def cells_table(rows: list[dict], title: str, probes: dict[str, dict]) -> Table:
+def cells_table(rows: list[CellRow], title: str, probes: dict[str, dict]) -> Table:
     """Cells with their fraction of the datasheet floor and, where this environment was probed,
     of the floor at the measured streaming-read bandwidth."""
-    from floorline.measure.reduction import describe, reductions
-
     reduced = reductions(rows)
     columns = ["model", "ctx", "path", "gpu", "status", "ms/step", "p10-p90 ms", "floor ms",
                "of floor", "of measured", "GB/s"]
     if reduced:
         columns.append("vs 16-bit: expected / realised (share)")
-    prefilled = any("prefill_ms" in r["details"] for r in rows)  # paths that time their prefill
+    prefilled = any("prefill_ms" in r.details for r in rows)  # paths that time their prefill
     if prefilled:
         columns += ["TTFT ms", "prefill tok/s"]
-    warmed = any("warmup_steps" in r["details"] for r in rows)  # cells since warm-up was recorded
+    warmed = any("warmup_steps" in r.details for r in rows)  # cells since warm-up was recorded
     if warmed:
         columns += ["warm-up", "drift"]
-    energy = any("energy" in r["details"] for r in rows)
+    energy = any("energy" in r.details for r in rows)
     if energy:
         columns += ["J/token", "W (limit)", "SM MHz", "°C"]
     table = Table(*columns, "reason", title=escape(title))
-    notes = sorted({r["details"]["energy_note"] for r in rows if "energy_note" in r["details"]})
+    notes = sorted({r.details["energy_note"] for r in rows if "energy_note" in r.details})
     if notes:
         table.caption = escape("energy per token: " + "; ".join(notes))
     pct = lambda v: "-" if v is None else percent(v)  # noqa: E731
     for r in rows:
-        spread = f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}" if r["p10_ms"] is not None else "-"
-        read = probes.get(r["fingerprint_key"], {}).get("stream_read_gbps")
-        of_measured = (r["total_bytes"] / (read * 1e6) / r["median_ms"]
-                       if read and r["median_ms"] else None)
+        spread = f"{r.p10_ms:.2f}-{r.p90_ms:.2f}" if r.p10_ms is not None else "-"
         table.add_row(
-            escape(model_label(r["model"])), str(r["ctx"]), escape(r["path"]), escape(r["gpu"]),
-            r["status"] if r["status"] == "valid" else f"[red]{escape(r['status'])}[/red]",
-            _num(r["median_ms"], ".2f"), spread, _num(r["floor_ms"], ".3f"),
-            pct(r["fraction_of_floor"]), pct(of_measured),
-            _num(r["achieved_gbps"], ".0f" if (r["achieved_gbps"] or 0) >= 100 else ".2f"),
-            *([describe(reduced.get(r["id"]))] if reduced else []),
-            *([_num(r["details"].get("prefill_ms"), ".1f"),
-               _num(r["details"].get("prefill_tokens_per_s"), ".0f")] if prefilled else []),
-            *(warmup_columns(r["details"]) if warmed else []),
-            *(energy_columns(r["details"].get("energy")) if energy else []),
-            escape(r["reason"] or ""),
+            escape(model_label(r.model)), str(r.ctx), escape(r.path), escape(r.gpu),
+            r.status if r.status == "valid" else f"[red]{escape(r.status)}[/red]",
+            _num(r.median_ms, ".2f"), spread, _num(r.floor_ms, ".3f"),
+            pct(r.fraction_of_floor), pct(r.fraction_of_measured(probes)),
+            _num(r.achieved_gbps, ".0f" if (r.achieved_gbps or 0) >= 100 else ".2f"),
+            *([describe(reduced.get(r.id))] if reduced else []),
+            *([_num(r.details.get("prefill_ms"), ".1f"),
+               _num(r.details.get("prefill_tokens_per_s"), ".0f")] if prefilled else []),
+            *(warmup_columns(r.details) if warmed else []),
+            *(energy_columns(r.details.get("energy")) if energy else []),
+            escape(r.reason or ""),
         )
     return table
 
 
 @app.command()
 def sweep(
-    models: Annotated[Optional[list[str]], typer.Option(help="Models (names or directories), comma-separated.")] = None,
-    ctx: Annotated[Optional[list[str]], typer.Option(help="Context lengths, comma-separated.")] = None,
-    paths: Annotated[Optional[list[str]], typer.Option(help="Paths, comma-separated (`floorline paths`).")] = None,
-    steps: Annotated[str, typer.Option(help="Timed decode steps per cell, or 'auto': until the median's 95% interval is within --rel-width (at most 2048).")] = "64",
+    models: Annotated[list[str] | None, typer.Option(
+        help="Models (names or directories), comma-separated.")] = None,
+    ctx: Annotated[list[str] | None, typer.Option(help="Context lengths, comma-separated.")] = None,
+    paths: Annotated[list[str] | None, typer.Option(
+        help="Paths, comma-separated (`floorline paths`).")] = None,
+    steps: Annotated[str, typer.Option(
+        help="Timed decode steps per cell, or 'auto': until the median's 95% interval is within "
+             "--rel-width (at most 2048).")] = "64",
     warmup: WARMUP_OPTION = "auto",
     rel_width: REL_WIDTH_OPTION = None,
     db: DB_OPTION = Path("floorline.db"),
     device: DEVICE_OPTION = None,
     gpu: GPU_OPTION = None,
-    force: Annotated[bool, typer.Option("--force", help="Re-measure cells already valid in the database.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Re-measure cells already valid in the database.")] = False,
     seed: Annotated[int, typer.Option(min=0, max=SEED_MAX)] = 0,
     trust_remote_code: TRUST_OPTION = False,
-    cluster: Annotated[Optional[str], typer.Option(help="Spread the cells over a Dask cluster: 'local-cuda' (one worker per GPU of this node) or a scheduler's address tcp://HOST:PORT whose workers each hold one GPU (started with --resources GPU=1). With it, --device is each worker's: cuda (default) or cpu.")] = None,
+    cluster: Annotated[str | None, typer.Option(
+        help="Spread the cells over a Dask cluster: 'local-cuda' (one worker per GPU of this node) "
+             "or a scheduler's address tcp://HOST:PORT whose workers each hold one GPU (started "
+             "with --resources GPU=1). With it, --device is each worker's: cuda (default) or "
+             "cpu.")] = None,
     timeout: TIMEOUT_OPTION = None,
 ) -> None:
-    """Measure a grid of cells into the results database (bare: the study's grid, or the CPU demo)."""
-    from floorline.measure.cell import key_steps, key_warmup
-    from floorline.measure.sweep import Grid, Sweep, check_grid, default_grid
-    from floorline.store import Store
-
+    """Measure a grid of cells into the results database (bare: the study's grid, or the CPU demo)."""  # noqa: E501
     step_count = parse_count(steps, "--steps", 1)
     width = parse_rel_width(rel_width, step_count)
     timeout_s = parse_timeout(timeout)
@@ -387,16 +412,15 @@ def sweep(
                            tuple(split_list(paths, "--paths")) or default.paths), trust_remote_code)
     keys = grid.cells(key_steps(step_count, width), key_warmup(warmup_count))
     if cluster is not None:
-        from floorline.hardware import lookup
-
         return fleet_sweep(keys, db, cluster, device, gpu and lookup(gpu), force, seed,
                            trust_remote_code, timeout_s)
     device_spec = resolve_gpu(gpu, device)
     runner = Sweep(Store(db), device, device_spec, force=force, seed=seed,
                    trust_remote_code=trust_remote_code, timeout_s=timeout_s)
     if device == "cpu":
-        err.print(f"No CUDA device: running on the CPU; floor bandwidth {device_spec.peak_gbps:g} GB/s "
-                  f"{device_spec.source}", highlight=False, markup=False)
+        err.print(f"No CUDA device: running on the CPU; floor bandwidth "
+                  f"{device_spec.peak_gbps:g} GB/s {device_spec.source}", highlight=False,
+                  markup=False)
     measured = skipped = 0
     with progress_bar() as progress:
         task = progress.add_task("sweep", total=len(keys))
@@ -413,16 +437,14 @@ def sweep(
                                            f"{result.reason}", highlight=False, markup=False)
             progress.advance(task)
     wanted = {(k.model, k.ctx, k.path, k.steps, k.warmup) for k in keys}
-    rows = [r for r in runner.store.rows() if r["fingerprint_key"] == runner.env_key
-            and (r["model"], r["ctx"], r["path"], r["steps"], r["warmup"]) in wanted]
+    rows = [r for r in runner.store.rows() if r.fingerprint_key == runner.env_key
+            and (r.model, r.ctx, r.path, r.steps, r.warmup) in wanted]
     out.print(cells_table(rows, f"{db}: {measured} measured, {skipped} already valid (skipped)",
                           runner.store.probes()))
 
 
 def fleet_device(device: str | None, cluster: str) -> str:
     """The device each worker of a --cluster measures on: its GPU, or with --device cpu its CPU."""
-    from floorline.measure.fleet import LOCAL_CUDA, check_cluster
-
     check_cluster(cluster)
     if device not in (None, "cuda", "cpu"):
         raise FloorlineError(f"with --cluster, --device is 'cuda' (each worker's own GPU) or "
@@ -437,9 +459,6 @@ def fleet_sweep(keys, db: Path, cluster: str, device: str, gpu, force: bool, see
                 trust_remote_code: bool, timeout_s: float) -> None:
     """`sweep --cluster`: the cells as tasks on the cluster's workers, each committed here as
     it ends, with the fleet's progress."""
-    from floorline.measure import fleet
-    from floorline.store import Store
-
     with fleet.Fleet(cluster) as f:
         store = Store(db)
         err.print(f"Dask scheduler {f.address}: surveying its workers with a GPU", highlight=False,
@@ -463,15 +482,16 @@ def fleet_sweep(keys, db: Path, cluster: str, device: str, gpu, force: bool, see
                 env_keys.add(env_key)
                 if cell.reason:
                     bar.console.print(f"invalid: {key.model} ctx={key.ctx} {key.path} on "
-                                      f"worker {worker}: {cell.reason}", highlight=False, markup=False)
+                                      f"worker {worker}: {cell.reason}", highlight=False,
+                                      markup=False)
                 bar.advance(task)
 
             fleet.sweep(f, store, todo, device, gpu, seed=seed,
                         trust_remote_code=trust_remote_code, timeout_s=timeout_s,
                         on_start=on_start, on_done=on_done)
     wanted = {(k.model, k.ctx, k.path, k.steps, k.warmup) for k in keys}
-    rows = [r for r in store.rows() if r["fingerprint_key"] in env_keys
-            and (r["model"], r["ctx"], r["path"], r["steps"], r["warmup"]) in wanted]
+    rows = [r for r in store.rows() if r.fingerprint_key in env_keys
+            and (r.model, r.ctx, r.path, r.steps, r.warmup) in wanted]
     out.print(cells_table(rows, f"{store.path}: {len(todo)} measured, {len(keys) - len(todo)} "
                                 f"already valid (skipped), on {len(done)} worker(s)",
                           store.probes()))
@@ -483,11 +503,14 @@ def ab(
     b: Annotated[str, typer.Option("--b", help="Treatment path, e.g. hf-static+graphs.")],
     model: Annotated[str, typer.Option(help="Shipped name or local directory.")] = "qwen2.5-7b",
     ctx: Annotated[str, typer.Option(help="Context length.")] = "2048",
-    sessions: Annotated[int, typer.Option(min=1, max=STEPS_MAX, help="Fresh sessions (processes).")] = 10,
-    steps: Annotated[int, typer.Option(min=1, max=STEPS_MAX, help="Timed steps per arm per session.")] = 64,
-    block: Annotated[int, typer.Option(min=1, max=STEPS_MAX, help="Steps per block when arms alternate.")] = 8,
+    sessions: Annotated[int, typer.Option(
+        min=1, max=STEPS_MAX, help="Fresh sessions (processes).")] = 10,
+    steps: Annotated[int, typer.Option(
+        min=1, max=STEPS_MAX, help="Timed steps per arm per session.")] = 64,
+    block: Annotated[int, typer.Option(
+        min=1, max=STEPS_MAX, help="Steps per block when arms alternate.")] = 8,
     warmup: WARMUP_OPTION = "auto",
-    seed: Annotated[Optional[int], typer.Option(min=0, max=SEED_MAX,
+    seed: Annotated[int | None, typer.Option(min=0, max=SEED_MAX,
                                                 help="Seed of the arm order and the bootstrap; "
                                                      "default: drawn and recorded.")] = None,
     db: DB_OPTION = Path("floorline.db"),
@@ -496,17 +519,11 @@ def ab(
     trust_remote_code: TRUST_OPTION = False,
     timeout: TIMEOUT_OPTION = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
-    cluster: Annotated[Optional[str], typer.Option(help="Spread the sessions over a Dask cluster's workers, as `sweep --cluster` does (workers of one kind of GPU).")] = None,
+    cluster: Annotated[str | None, typer.Option(
+        help="Spread the sessions over a Dask cluster's workers, as `sweep --cluster` does "
+             "(workers of one kind of GPU).")] = None,
 ) -> None:
     """A/B of two paths over fresh sessions: speedup with a 95% BCa bootstrap interval."""
-    import contextlib
-    import random
-
-    from floorline.measure.ab import Plan, check_plan, run_ab
-    from floorline.measure.fingerprint import environment, fingerprint_key
-    from floorline.paths import parse_path
-    from floorline.store import Store
-
     warmup_count = parse_count(warmup, "--warmup", 0)
     timeout_s = parse_timeout(timeout)
     device = check_device(device) if cluster is None else fleet_device(device, cluster)
@@ -524,15 +541,12 @@ def ab(
             env = environment(device)
             run = lambda on_session: run_ab(plan, on_session)  # noqa: E731
         else:  # the GPU, environment and paths are the workers'
-            from floorline.hardware import lookup
-            from floorline.measure import fleet
-
             f = stack.enter_context(fleet.Fleet(cluster))
             worker = fleet.one_kind(f, device, gpu and lookup(gpu))
             plan, env = make_plan(worker["gpu"]), worker["env"]
             fleet.check_on_worker(f, check_plan, plan)
             run = lambda on_session: fleet.ab(f, plan, on_session)  # noqa: E731
-        summary = ab_sessions(plan, run, Store(db), env, fingerprint_key(env))
+        summary = ab_sessions(plan, run, Store(db), env)
     result = summary.as_dict()
     if as_json:
         print(json.dumps(result, indent=2))
@@ -551,21 +565,19 @@ def ab(
     out.print(summary.sentence(), highlight=False, markup=False)
 
 
-def ab_sessions(plan, run, store, env: dict, env_key: str):
-    """The experiment stored, its sessions run by `run(on_session)` with progress, each stored
-    as it ends, and its summary stored: the summary."""
+def ab_sessions(plan, run, store, env: dict):
+    """The experiment's sessions run by `run(on_session)` and stored (run_recorded), with
+    progress: the summary."""
     sessions = plan.sessions
-    plan_dict = {**plan.__dict__, "paired": plan.paired}
-    experiment = store.start_ab(plan_dict, env, env_key)
-    err.print(f"A/B {plan.a} vs {plan.b}: {sessions} fresh sessions, "
-              f"{'paired (ABBA blocks in each session)' if plan.paired else 'unpaired (one process per arm)'}, "
-              f"seed {plan.seed}", highlight=False, markup=False)
+    design = ("paired (ABBA blocks in each session)" if plan.paired
+              else "unpaired (one process per arm)")
+    err.print(f"A/B {plan.a} vs {plan.b}: {sessions} fresh sessions, {design}, seed {plan.seed}",
+              highlight=False, markup=False)
 
     with progress_bar() as progress:
         task = progress.add_task("sessions", total=sessions)
 
         def on_session(s):
-            store.add_ab_session(experiment, s)
             progress.console.print(
                 f"session {s.index}: " + (f"a {s.ms_a:.3f} ms, b {s.ms_b:.3f} ms, ratio "
                                           f"{s.ratio:.3f} (first {s.first_arm})"
@@ -573,33 +585,26 @@ def ab_sessions(plan, run, store, env: dict, env_key: str):
                 highlight=False, markup=False)
             progress.advance(task)
 
-        summary = run(on_session)
-    store.finish_ab(experiment, summary.as_dict())
-    return summary
+        return run_recorded(plan, run, store, env, on_session)
 
 
 @app.command()
 def probe(
-    model: Annotated[Optional[str], typer.Option(help="Also GEMV bandwidth at this model's layer shapes.")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="Also GEMV bandwidth at this model's layer shapes.")] = None,
     db: DB_OPTION = Path("floorline.db"),
     device: DEVICE_OPTION = None,
-    buffer_mib: Annotated[int, typer.Option(min=1, help="Size of each streamed buffer, MiB.")] = 1024,
+    buffer_mib: Annotated[int, typer.Option(
+        min=1, help="Size of each streamed buffer, MiB.")] = 1024,
     trust_remote_code: TRUST_OPTION = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
     """Measured bandwidth and launch cost of this card, stored beside the cells."""
-    from floorline.measure.fingerprint import environment, fingerprint_key
-    from floorline.measure.probe import check_buffer, probe as run_probe
-    from floorline.models import resolve_model
-    from floorline.store import Store
-
     device = check_device(device)
     check_buffer(device, buffer_mib)
-    spec = resolve_model(model, trust_remote_code) if model is not None else None
+    model_spec = resolve_model(model, trust_remote_code) if model is not None else None
     store = Store(db)
-    results = run_probe(device, spec, buffer_mib=buffer_mib, budget_mib=max(8 * buffer_mib, 2048))
-    env = environment(device)
-    store.add_probe(device, results, env, fingerprint_key(env))
+    results, env = probe_into(store, device, model_spec, buffer_mib)
     if as_json:
         print(json.dumps(results, indent=2))
         return
@@ -621,7 +626,8 @@ def explain_cmd(
     model: Annotated[str, typer.Option(help="Shipped name or local directory.")] = "qwen2.5-7b",
     ctx: Annotated[str, typer.Option(help="Context length.")] = "2048",
     path: Annotated[str, typer.Option(help="Path, e.g. hf-static+graphs.")] = "hf-eager",
-    steps: Annotated[int, typer.Option(min=1, max=STEPS_MAX, help="Steps timed, then profiled.")] = 16,
+    steps: Annotated[int, typer.Option(
+        min=1, max=STEPS_MAX, help="Steps timed, then profiled.")] = 16,
     warmup: WARMUP_OPTION = "auto",
     db: DB_OPTION = Path("floorline.db"),
     device: DEVICE_OPTION = None,
@@ -630,12 +636,6 @@ def explain_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
     """Where each millisecond of one cell goes: kernels, busy time, gaps, time per class."""
-    from floorline.measure.explain import check_context, explain_in_child
-    from floorline.measure.fingerprint import environment, fingerprint_key
-    from floorline.measure.runner import ChildFailed
-    from floorline.paths import parse_path, require_available
-    from floorline.store import Store
-
     warmup_count = parse_count(warmup, "--warmup", 0)
     timeout_s = parse_timeout(timeout)
     device = check_device(device)
@@ -645,31 +645,33 @@ def explain_cmd(
     check_context(model, context, path, gpu_spec, steps, warmup_count)
     store = Store(db)
     try:
-        result = explain_in_child(model, context, path, device, gpu_spec, steps, warmup_count,
-                                  timeout_s=timeout_s)
+        result = explain_into(store, model, context, path, device, gpu_spec, steps,
+                              warmup_count, timeout_s=timeout_s)
     except ChildFailed as e:
         err.print(f"floorline: error: explaining {path} at ctx {context} failed: {e.reason}",
                   highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(1) from None
-    env = environment(device)
-    store.add_explanation(result, env, fingerprint_key(env))
     if as_json:
         print(json.dumps(result, indent=2))
         return
     d = result["decomposition"]
     unit = "kernels" if device.startswith("cuda") else "aten operators"
     parts = Table("part of a step", "ms", "share",
-                  title=escape(f"{model_label(result['model'])} ctx {result['ctx']} {result['path']} "
-                               f"on {result['gpu']}: {d['median_ms']:.3f} ms/step, "
+                  title=escape(f"{model_label(result['model'])} ctx {result['ctx']} "
+                               f"{result['path']} on {result['gpu']}: "
+                               f"{d['median_ms']:.3f} ms/step, "
                                f"{result['kernels_per_step']:.0f} {unit}/step"))
     for label, key in (("floor (bytes / datasheet bandwidth)", "floor_ms"),
-                       ("bandwidth lost in matrix-vector and attention kernels", "lost_in_kernels_ms"),
-                       ("the rest of the kernels (norms, rotary, elementwise, sampling)", "other_kernels_ms"),
+                       ("bandwidth lost in matrix-vector and attention kernels",
+                        "lost_in_kernels_ms"),
+                       ("the rest of the kernels (norms, rotary, elementwise, sampling)",
+                        "other_kernels_ms"),
                        ("launch and idle (median less kernel time)", "launch_and_idle_ms")):
         parts.add_row(label, f"{d[key]:.3f}", f"{d[key] / d['median_ms']:.1%}")
     out.print(parts)
-    out.print(f"under the profiler the step's timeline stretched to {d['profiled_timeline_ms']:.3f} ms "
-              f"(kernels busy {d['busy_union_ms']:.3f} ms of it)", highlight=False)
+    out.print(f"under the profiler the step's timeline stretched to "
+              f"{d['profiled_timeline_ms']:.3f} ms (kernels busy {d['busy_union_ms']:.3f} ms of "
+              f"it)", highlight=False)
     classes = Table("class", f"{unit}/step", "ms/step", "MB/step", "GB/s")
     for cls, row in result["classes"].items():
         classes.add_row(cls, f"{row['kernels_per_step']:.1f}", f"{row['ms']:.3f}",
@@ -680,10 +682,11 @@ def explain_cmd(
 @app.command()
 def report(
     db: DB_OPTION = Path("floorline.db"),
-    out_dir: Annotated[Path, typer.Option("--out", help="Folder for index.html, report.md and PNGs.")] = Path("report"),
+    out_dir: Annotated[Path, typer.Option(
+        "--out", help="Folder for index.html, report.md and PNGs.")] = Path("report"),
 ) -> None:
     """The results database as plots and tables: HTML (self-contained) and Markdown."""
-    from floorline.report.build import build_report
+    from floorline.report.build import build_report  # loads matplotlib: only for this command
 
     try:
         written = build_report(db, out_dir)
@@ -701,7 +704,7 @@ def predict_cmd(
     gpu: Annotated[str, typer.Option(help="Catalogue name of the GPU to forecast.")],
     path: Annotated[str, typer.Option(help="A path measured on a GPU (shipped or in --db).")],
     ctx: Annotated[str, typer.Option(help="Context length.")] = "2048",
-    db: Annotated[Optional[Path], typer.Option(
+    db: Annotated[Path | None, typer.Option(
         "--db", help="Your results database, added to the shipped H200 calibration; "
                      "default: floorline.db where it exists.")] = None,
     replace: Annotated[bool, typer.Option(
@@ -709,13 +712,6 @@ def predict_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the forecast as JSON.")] = False,
 ) -> None:
     """Forecast ms/step on any catalogued GPU from measured terms, with a 90% interval."""
-    from floorline import hardware
-    from floorline.forecast import calibration
-    from floorline.forecast.accuracy import LEVEL, forecast
-    from floorline.models import resolve_model
-    from floorline.paths import parse_path
-    from floorline.store import Store
-
     if replace and db is None:
         raise FloorlineError("--replace needs --db: the database to fit from instead")
     model, gpu = resolve_model(model).name, hardware.lookup(gpu).name  # as the cells name them
@@ -732,12 +728,14 @@ def predict_cmd(
         return
     interval = (f"{LEVEL:.0%} interval {f.low:.2f}-{f.high:.2f} ms from {f.errors_used} held-out "
                 f"{f.fit.kind} cells" if f.low is not None else
-                f"no interval: {f.errors_used} held-out {f.fit.kind} cells are too few for {LEVEL:.0%}")
+                f"no interval: {f.errors_used} held-out {f.fit.kind} cells are too few for "
+                f"{LEVEL:.0%}")
     s = f.step
     out.print(f"{f.fit.path} on {f.gpu}, {f.model} ctx {f.ctx}: {f.ms:.2f} ms/step ({interval})\n"
               f"  GPU side {s.gpu_ms:.2f} ms (weights {s.parts['weights']:.2f}, attention "
-              f"{s.parts['attention']:.2f}, small kernels {s.parts['small kernels']:.2f}); host side "
-              f"{s.host_ms:.2f} ms; the {'GPU' if s.gpu_ms >= s.host_ms else 'host'} side governs",
+              f"{s.parts['attention']:.2f}, small kernels {s.parts['small kernels']:.2f}); "
+              f"host side {s.host_ms:.2f} ms; the "
+              f"{'GPU' if s.gpu_ms >= s.host_ms else 'host'} side governs",
               highlight=False, markup=False)
     out.print("  terms:", highlight=False, markup=False)
     for term in f.fit.terms.values():
@@ -749,33 +747,33 @@ def predict_cmd(
 @app.command()
 def show(
     db: DB_OPTION = Path("floorline.db"),
-    as_json: Annotated[bool, typer.Option("--json", help="Every field, samples included, as JSON.")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Every field, samples included, as JSON.")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="One CSV row per cell.")] = False,
-    history: Annotated[bool, typer.Option("--all", help="Every row, not only each cell's newest.")] = False,
+    history: Annotated[bool, typer.Option(
+        "--all", help="Every row, not only each cell's newest.")] = False,
 ) -> None:
     """The cells in the results database."""
-    from floorline.store import COLUMNS, Store
-
     store = Store(db, read_only=True)
     rows = store.rows(latest=not history, skip_damaged=True)
     if as_json:
-        from floorline.measure.reduction import reductions
-
         reduced = reductions(rows)
-        print(json.dumps([{**r, "reduction": reduced.get(r["id"])} for r in rows], indent=2))
+        print(json.dumps([{**r.as_dict(), "reduction": reduced.get(r.id)} for r in rows],
+                         indent=2))
     elif as_csv:
         writer = csv.DictWriter(sys.stdout, fieldnames=COLUMNS)
         writer.writeheader()
         for r in rows:
-            writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in r.items()})
+            writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v
+                             for k, v in r.as_dict().items()})
     elif not rows:
         out.print(f"no cells in {db}", highlight=False, markup=False)
     else:
         out.print(cells_table(rows, str(db), store.probes()))
     if store.damaged:
+        more = "; ..." if len(store.damaged) > 3 else ""
         raise FloorlineError(f"{db}: {len(store.damaged)} damaged row(s) left out ("
-                             + "; ".join(store.damaged[:3]) + ("; ..." if len(store.damaged) > 3 else "")
-                             + ")")
+                             + "; ".join(store.damaged[:3]) + more + ")")
 
 
 @app.command("merge")
@@ -785,8 +783,6 @@ def merge_cmd(
 ) -> None:
     """Merge results databases into one: every cell, A/B experiment, explanation and probe the
     target does not already hold; each merged cell records the file and row it came from."""
-    from floorline.store import Store, merge
-
     resolved = target.resolve()
     if any(s.resolve() == resolved for s in sources):
         raise FloorlineError(f"{target} is both the target and a source")
@@ -799,22 +795,33 @@ def merge_cmd(
 
 @app.command("generate")
 def generate_cmd(
-    model: Annotated[str, typer.Option(help="Checkpoint directory: config.json, *.safetensors and a tokenizer.")],
-    prompt: Annotated[str, typer.Option(help="The prompt: one user message when the tokenizer has a chat template.")],
-    max_new_tokens: Annotated[int, typer.Option(min=1, max=MAX_CONTEXT, help="Stop after this many new tokens, if no EOS came.")] = 128,
+    model: Annotated[str, typer.Option(
+        help="Checkpoint directory: config.json, *.safetensors and a tokenizer.")],
+    prompt: Annotated[str, typer.Option(
+        help="The prompt: one user message when the tokenizer has a chat template.")],
+    max_new_tokens: Annotated[int, typer.Option(
+        min=1, max=MAX_CONTEXT, help="Stop after this many new tokens, if no EOS came.")] = 128,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy.")] = 0.0,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling: the smallest set of tokens with this much probability, in (0, 1].")] = 1.0,
+    top_p: Annotated[float, typer.Option(
+        help="Nucleus sampling: the smallest set of tokens with this much probability, "
+             "in (0, 1].")] = 1.0,
     seed: Annotated[int, typer.Option(min=0, max=SEED_MAX)] = 0,
     device: DEVICE_OPTION = None,
     dtype: Annotated[str, typer.Option(help="bfloat16 or float32.")] = "bfloat16",
-    no_chat: Annotated[bool, typer.Option("--no-chat", help="Encode the prompt as it is, without the chat template.")] = False,
-    weights: Annotated[Optional[str], typer.Option(help="Format of the decoder's linears: int4 (group 128), fp8 or bf16; a 16-bit checkpoint is quantised at load. Default: the checkpoint's own (AWQ/GPTQ run as int4).")] = None,
-    head: Annotated[str, typer.Option(help="Format of the LM head: bf16 (16-bit) or fp8 (one scale per row).")] = "bf16",
-    kv_dtype: Annotated[str, typer.Option(help="Format of the KV cache: bf16 (the 16-bit dtype) or fp8 (e4m3, one scale per token and kv head).")] = "bf16",
+    no_chat: Annotated[bool, typer.Option(
+        "--no-chat", help="Encode the prompt as it is, without the chat template.")] = False,
+    weights: Annotated[str | None, typer.Option(
+        help="Format of the decoder's linears: int4 (group 128), fp8 or bf16; a 16-bit checkpoint "
+             "is quantised at load. Default: the checkpoint's own (AWQ/GPTQ run as int4).")] = None,
+    head: Annotated[str, typer.Option(
+        help="Format of the LM head: bf16 (16-bit) or fp8 (one scale per row).")] = "bf16",
+    kv_dtype: Annotated[str, typer.Option(
+        help="Format of the KV cache: bf16 (the 16-bit dtype) or fp8 (e4m3, one scale per token "
+             "and kv head).")] = "bf16",
     gpu: GPU_OPTION = None,
 ) -> None:
-    """Generate text with floorline's engine, streamed to stdout; speed against the floor on stderr."""
-    from floorline.engine.generate import generate
+    """Generate text with floorline's engine, streamed to stdout; speed against the floor on stderr."""  # noqa: E501
+    from floorline.engine.generate import generate  # loads torch, Triton and transformers
 
     device = check_device(device)
     gpu_spec = resolve_gpu(gpu, device)

@@ -69,8 +69,8 @@ def lookup(name: str) -> DeviceSpec:
 
     wanted = " ".join(name.lower().split())
     names = {}
-    for spec in CATALOGUE:
-        names[spec.name] = names[spec.full_name.lower()] = spec
+    for device_spec in CATALOGUE:
+        names[device_spec.name] = names[device_spec.full_name.lower()] = device_spec
     if wanted in names:
         return names[wanted]
     close = difflib.get_close_matches(wanted, names, n=1, cutoff=0.6)
@@ -79,9 +79,9 @@ def lookup(name: str) -> DeviceSpec:
 
 
 def match_device_name(device_name: str) -> DeviceSpec | None:
-    for spec in CATALOGUE:
-        if re.search(spec.pattern, device_name, re.IGNORECASE):
-            return spec
+    for device_spec in CATALOGUE:
+        if re.search(device_spec.pattern, device_name, re.IGNORECASE):
+            return device_spec
     return None
 
 
@@ -139,9 +139,9 @@ def detect(device: str) -> DeviceSpec:
                           "(no datasheet figure for a CPU)")
     index = torch.device(device).index or 0
     props = torch.cuda.get_device_properties(index)
-    spec = match_device_name(props.name)
-    if spec is not None:
-        return spec
+    device_spec = match_device_name(props.name)
+    if device_spec is not None:
+        return device_spec
     peak = _nvml_peak(index)
     if peak is None:
         raise FloorlineError(

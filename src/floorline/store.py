@@ -9,30 +9,105 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 
 from floorline.errors import FloorlineError
-from floorline.measure.cell import VALID, CellKey, CellResult
+from floorline.records import VALID, CellKey, CellResult
 
 SCHEMA_VERSION = 2  # 2: A/B experiments, card probes, explanations
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS cells (
-    id INTEGER PRIMARY KEY,
-    model TEXT NOT NULL, ctx INTEGER NOT NULL, path TEXT NOT NULL,
-    steps INTEGER NOT NULL, warmup INTEGER NOT NULL, gpu TEXT NOT NULL,
-    status TEXT NOT NULL, reason TEXT,
-    median_ms REAL, p10_ms REAL, p90_ms REAL, mean_ms REAL,
-    floor_ms REAL, floor_ms_all_params REAL, fraction_of_floor REAL, achieved_gbps REAL,
-    weight_bytes INTEGER, kv_bytes INTEGER, total_bytes INTEGER, peak_gbps REAL,
-    weight_format TEXT, kv_dtype TEXT,
-    samples_ms TEXT NOT NULL,      -- JSON list, every timed step
-    fingerprint_key TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,     -- JSON: versions, device, driver, clocks
-    details TEXT NOT NULL,         -- JSON: seed, device, peak source, compile mode ...
-    finished_at TEXT NOT NULL
-);
+
+def column(sql: str, json_kind: type | None = None, **default):
+    """A field of CellRow that is a column of the cells table: its SQL type and constraints,
+    and for a JSON column the kind of value it holds."""
+    return field(metadata={"sql": sql, "json": json_kind}, **default)
+
+
+@dataclass(kw_only=True)
+class CellRow:
+    """One row of the cells table: a measured cell, its floor and the environment that measured
+    it. Its fields, in order, are the table's columns (the schema and every insert come from
+    them)."""
+    id: int | None = column("INTEGER PRIMARY KEY")  # None until stored
+    model: str = column("TEXT NOT NULL")
+    ctx: int = column("INTEGER NOT NULL")
+    path: str = column("TEXT NOT NULL")
+    steps: int | str = column("INTEGER NOT NULL")  # or the automatic rule, "auto:<width>"
+    warmup: int | str = column("INTEGER NOT NULL")  # or "auto"
+    gpu: str = column("TEXT NOT NULL")
+    status: str = column("TEXT NOT NULL")
+    reason: str | None = column("TEXT", default=None)
+    median_ms: float | None = column("REAL", default=None)
+    p10_ms: float | None = column("REAL", default=None)
+    p90_ms: float | None = column("REAL", default=None)
+    mean_ms: float | None = column("REAL", default=None)
+    floor_ms: float | None = column("REAL", default=None)
+    floor_ms_all_params: float | None = column("REAL", default=None)
+    fraction_of_floor: float | None = column("REAL", default=None)
+    achieved_gbps: float | None = column("REAL", default=None)
+    weight_bytes: int | None = column("INTEGER", default=None)
+    kv_bytes: int | None = column("INTEGER", default=None)
+    total_bytes: int | None = column("INTEGER", default=None)
+    peak_gbps: float | None = column("REAL", default=None)
+    weight_format: str | None = column("TEXT", default=None)
+    kv_dtype: str | None = column("TEXT", default=None)
+    # every timed step
+    samples_ms: list[float] = column("TEXT NOT NULL", list, default_factory=list)
+    fingerprint_key: str = column("TEXT NOT NULL")
+    # versions, device, driver, clocks
+    fingerprint: dict = column("TEXT NOT NULL", dict, default_factory=dict)
+    # seed, device, peak source, compile mode ...
+    details: dict = column("TEXT NOT NULL", dict, default_factory=dict)
+    finished_at: str = column("TEXT NOT NULL")
+
+    @classmethod
+    def of(cls, cell: CellResult, env: dict, env_key: str) -> CellRow:
+        """The row that stores `cell`, measured in environment `env` (keyed `env_key`)."""
+        s, f = cell.summary or {}, cell.floor or {}
+        return cls(
+            id=None,
+            **{k: getattr(cell.key, k) for k in ("model", "ctx", "path", "steps", "warmup")},
+            gpu=cell.gpu, status=cell.status, reason=cell.reason,
+            **{k: s.get(k) for k in ("median_ms", "p10_ms", "p90_ms", "mean_ms")},
+            **{k: f.get(k) for k in ("floor_ms", "floor_ms_all_params", "weight_bytes",
+                                     "kv_bytes", "total_bytes", "peak_gbps", "weight_format",
+                                     "kv_dtype")},
+            fraction_of_floor=cell.fraction_of_floor, achieved_gbps=cell.achieved_gbps,
+            samples_ms=cell.samples_ms, fingerprint_key=env_key, fingerprint=env,
+            details=cell.details, finished_at=now())
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def fraction_of_measured(self, probes: dict[str, dict]) -> float | None:
+        """The fraction of the floor reached at the streaming-read bandwidth of the newest probe
+        of this row's environment (`probes`: Store.probes()); None where there is none."""
+        read = probes.get(self.fingerprint_key, {}).get("stream_read_gbps")
+        return self.total_bytes / (read * 1e6) / self.median_ms if read and self.median_ms else None
+
+    def stored(self) -> dict:
+        """The row's values as the database holds them, JSON columns encoded (without its id,
+        which the database assigns)."""
+        out = {}
+        for c in CELL_FIELDS[1:]:
+            value = getattr(self, c.name)
+            out[c.name] = (json.dumps(value, sort_keys=c.metadata["json"] is dict)
+                           if c.metadata["json"] else value)
+        return out
+
+
+CELL_FIELDS = fields(CellRow)
+COLUMNS = tuple(c.name for c in CELL_FIELDS)
+# The cells' numeric columns (SQLite would store any value in them); steps and warmup may also
+# hold the automatic rule ("auto:<relative width>", "auto").
+NUMBERS = tuple(c.name for c in CELL_FIELDS[1:]
+                if c.metadata["sql"].startswith(("INTEGER", "REAL")))
+# The JSON columns, with the kind each holds.
+CELL_JSON = {c.name: c.metadata["json"] for c in CELL_FIELDS if c.metadata["json"]}
+
+OTHER_TABLES = """
 CREATE INDEX IF NOT EXISTS cells_by_key ON cells (model, ctx, path, steps, warmup, fingerprint_key);
 CREATE TABLE IF NOT EXISTS ab_experiments (
     id INTEGER PRIMARY KEY,
@@ -65,18 +140,9 @@ CREATE TABLE IF NOT EXISTS probes (
 );
 """
 
-COLUMNS = ("id", "model", "ctx", "path", "steps", "warmup", "gpu", "status", "reason",
-           "median_ms", "p10_ms", "p90_ms", "mean_ms", "floor_ms", "floor_ms_all_params",
-           "fraction_of_floor", "achieved_gbps", "weight_bytes", "kv_bytes", "total_bytes",
-           "peak_gbps", "weight_format", "kv_dtype", "samples_ms", "fingerprint_key",
-           "fingerprint", "details", "finished_at")
-
-
-# The cells' numeric columns (SQLite would store any value in them); steps and warmup may also
-# hold the automatic rule ("auto:<relative width>", "auto").
-NUMBERS = ("ctx", "steps", "warmup", "median_ms", "p10_ms", "p90_ms", "mean_ms", "floor_ms",
-           "floor_ms_all_params", "fraction_of_floor", "achieved_gbps", "weight_bytes", "kv_bytes",
-           "total_bytes", "peak_gbps")
+SCHEMA = ("CREATE TABLE IF NOT EXISTS cells (\n"
+          + ",\n".join(f"    {c.name} {c.metadata['sql']}" for c in CELL_FIELDS)
+          + "\n);" + OTHER_TABLES)
 
 
 def _is_auto(value) -> bool:
@@ -126,24 +192,12 @@ class Store:
         self.db.close()
 
     def add(self, cell: CellResult, env: dict, env_key: str) -> int:
-        s, f = cell.summary or {}, cell.floor or {}
-        if cell.status == VALID and any(f.get(k) is not None and f[k] <= 0
-                                        for k in ("weight_bytes", "kv_bytes", "total_bytes")):
-            raise ValueError(f"a cell whose floor bytes are not positive is never valid: {f}")
-        row = {
-            **{k: getattr(cell.key, k) for k in ("model", "ctx", "path", "steps", "warmup")},
-            "gpu": cell.gpu, "status": cell.status, "reason": cell.reason,
-            **{k: s.get(k) for k in ("median_ms", "p10_ms", "p90_ms", "mean_ms")},
-            **{k: f.get(k) for k in ("floor_ms", "floor_ms_all_params", "weight_bytes",
-                                     "kv_bytes", "total_bytes", "peak_gbps", "weight_format",
-                                     "kv_dtype")},
-            "fraction_of_floor": cell.fraction_of_floor, "achieved_gbps": cell.achieved_gbps,
-            "samples_ms": json.dumps(cell.samples_ms), "fingerprint_key": env_key,
-            "fingerprint": json.dumps(env, sort_keys=True),
-            "details": json.dumps(cell.details, sort_keys=True),
-            "finished_at": now(),
-        }
-        return self._insert("cells", row)
+        row = CellRow.of(cell, env, env_key)
+        if cell.status == VALID and any(v is not None and v <= 0 for v in
+                                        (row.weight_bytes, row.kv_bytes, row.total_bytes)):
+            raise ValueError(f"a cell whose floor bytes are not positive is never valid: "
+                             f"{cell.floor}")
+        return self._insert("cells", row.stored())
 
     def _insert(self, table: str, row: dict) -> int:
         names = ", ".join(row)
@@ -155,7 +209,8 @@ class Store:
 
     def start_ab(self, plan: dict, env: dict, env_key: str) -> int:
         return self._insert("ab_experiments", {
-            **{k: plan[k] for k in ("a", "b", "model", "ctx", "gpu")}, "paired": int(plan["paired"]),
+            **{k: plan[k] for k in ("a", "b", "model", "ctx", "gpu")},
+            "paired": int(plan["paired"]),
             "plan": json.dumps(plan, sort_keys=True), "fingerprint_key": env_key,
             "fingerprint": json.dumps(env, sort_keys=True), "started_at": now()})
 
@@ -219,7 +274,7 @@ class Store:
     def cell_count(self) -> int:
         return self._read("SELECT count(*) FROM cells")[0][0]
 
-    def rows(self, latest: bool = True, skip_damaged: bool = False) -> list[dict]:
+    def rows(self, latest: bool = True, skip_damaged: bool = False) -> list[CellRow]:
         """Every stored cell, or only the newest row of each cell (model, ctx, path, steps,
         warmup, environment). A row whose JSON columns are damaged is one line, or with
         `skip_damaged` left out and named in `self.damaged`."""
@@ -234,14 +289,14 @@ class Store:
                             and not (k in ("steps", "warmup") and _is_auto(row[k]))):
                         raise FloorlineError(f"{self.path}: cells row {row['id']}: {k} is not a "
                                              f"number but {row[k]!r} (a damaged row)")
-                for k, kind in (("samples_ms", list), ("fingerprint", dict), ("details", dict)):
+                for k, kind in CELL_JSON.items():
                     row[k] = self._json(row[k], "cells", row["id"], k, kind)
             except FloorlineError as e:
                 if not skip_damaged:
                     raise
                 self.damaged.append(str(e).removeprefix(f"{self.path}: "))
                 continue
-            out.append(row)
+            out.append(CellRow(**row))
         return out
 
 
@@ -258,7 +313,7 @@ IDENTITY = {
 
 # The JSON columns a merge checks before copying a row, with the kind each holds.
 JSON_COLUMNS = {
-    "cells": {"samples_ms": list, "fingerprint": dict, "details": dict},
+    "cells": CELL_JSON,
     "ab_experiments": {"plan": dict, "fingerprint": dict},
     "explanations": {"results": dict, "fingerprint": dict},
     "probes": {"results": dict, "fingerprint": dict},

@@ -168,26 +168,27 @@ class Floor:
 
 
 @cache
-def count_parameters(spec: ModelSpec) -> ParamCounts:
+def count_parameters(model_spec: ModelSpec) -> ParamCounts:
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.pytorch_utils import Conv1D
 
     # A vision-language checkpoint (Gemma 3 4B and up) is counted by its language model: a
     # decode step reads none of the vision tower.
-    config = spec.config.get_text_config()
+    config = model_spec.config.get_text_config()
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(
-                config, trust_remote_code=spec.trust_remote_code
+            hf_model = AutoModelForCausalLM.from_config(
+                config, trust_remote_code=model_spec.trust_remote_code
             )
     except Exception as e:  # transformers raises many kinds for configs it cannot build
-        raise FloorlineError(f"{spec.name}: cannot build the model from its config ({e})") from None
-    embed = model.get_input_embeddings().weight
-    head_module = model.get_output_embeddings()
+        raise FloorlineError(f"{model_spec.name}: cannot build the model from its config "
+                             f"({e})") from None
+    embed = hf_model.get_input_embeddings().weight
+    head_module = hf_model.get_output_embeddings()
     head = head_module.weight if head_module is not None else None
     shapes, bias = [], 0
-    for module in model.modules():
+    for module in hf_model.modules():
         if module is head_module:
             continue
         if isinstance(module, torch.nn.Linear):
@@ -198,7 +199,7 @@ def count_parameters(spec: ModelSpec) -> ParamCounts:
             continue
         bias += module.bias.numel() if module.bias is not None else 0
     return ParamCounts(
-        total=sum(p.numel() for p in model.parameters()),
+        total=sum(p.numel() for p in hf_model.parameters()),
         input_embedding=embed.numel(),
         tied=head is not None and head is embed,
         hidden_size=embed.shape[1],
@@ -236,7 +237,8 @@ def kv_layout(config) -> tuple[int, list[int | None]]:
     layer_types = getattr(cfg, "layer_types", None)
     if layer_types is None:
         windowed = window is not None and getattr(cfg, "use_sliding_window", True)
-        layer_types = ["sliding_attention" if windowed else "full_attention"] * cfg.num_hidden_layers
+        kind = "sliding_attention" if windowed else "full_attention"
+        layer_types = [kind] * cfg.num_hidden_layers
     windows = [window if "sliding" in t else None for t in layer_types]
     return 2 * kv_heads * head_dim, windows
 
@@ -251,22 +253,24 @@ def kv_bytes(config, ctx: int, kv_dtype: str) -> int:
     return sum(per_token * ((ctx if w is None else min(ctx, w)) + 1) for w in windows)
 
 
-def floor(spec: ModelSpec, gpu: DeviceSpec, ctx: int, weight_format: str = "bf16",
+def floor(model_spec: ModelSpec, gpu: DeviceSpec, ctx: int, weight_format: str = "bf16",
           kv_dtype: str = "bf16") -> Floor:
     if weight_format not in WEIGHT_FORMATS:
-        raise FloorlineError(f"unknown weight format '{weight_format}'; known: {', '.join(WEIGHT_FORMATS)}")
+        raise FloorlineError(f"unknown weight format '{weight_format}'; known: "
+                             f"{', '.join(WEIGHT_FORMATS)}")
     if kv_dtype not in KV_FORMATS:
         raise FloorlineError(f"unknown KV dtype '{kv_dtype}'; known: {', '.join(KV_FORMATS)}")
     fmt = WEIGHT_FORMATS[weight_format]
-    counts = count_parameters(spec)
+    counts = count_parameters(model_spec)
     w = weight_bytes(counts, fmt)
-    kv = kv_bytes(spec.config, ctx, kv_dtype)
+    kv = kv_bytes(model_spec.config, ctx, kv_dtype)
     # The study's convention: every parameter (the whole input table too) plus the KV cache.
     all_params = w + round((0 if counts.tied else counts.input_embedding - counts.hidden_size)
                            * fmt.embed_bits / 8)
     bytes_per_ms = gpu.peak_gbps * 1e6
     return Floor(
-        model=spec.name, gpu=gpu.name, ctx=ctx, weight_format=weight_format, kv_dtype=kv_dtype,
+        model=model_spec.name, gpu=gpu.name, ctx=ctx, weight_format=weight_format,
+        kv_dtype=kv_dtype,
         weight_bytes=w, kv_bytes=kv, total_bytes=w + kv, peak_gbps=gpu.peak_gbps,
         floor_ms=(w + kv) / bytes_per_ms,
         total_bytes_all_params=all_params + kv,

@@ -1,4 +1,5 @@
-"""floorline's own batch-1 runtime: one readable decoder, Triton kernels, one CUDA graph per step."""
+"""floorline's own batch-1 runtime: one readable decoder, Triton kernels, one CUDA graph per
+step."""
 
 from floorline.engine.runtime import Engine
 

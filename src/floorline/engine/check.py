@@ -24,7 +24,7 @@ from floorline.engine.model import DecoderConfig
 from floorline.engine.quant import quantize
 from floorline.engine.runtime import Engine
 from floorline.engine.weights import from_named
-from floorline.models import cache_keyword
+from floorline.models import build_model, cache_keyword
 
 
 @dataclass
@@ -75,11 +75,11 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def perturb_(model, seed: int) -> None:
+def perturb_(hf_model, seed: int) -> None:
     """Norm weights and biases away from transformers' ones and zeros, so that a kernel that
     ignored or misindexed them would show."""
     generator = torch.Generator(device="cpu").manual_seed(seed)
-    for name, p in model.named_parameters():
+    for name, p in hf_model.named_parameters():
         if name.endswith("norm.weight") or name.endswith(".bias"):
             noise = torch.randn(p.shape, generator=generator).to(p.device, p.dtype)
             p.add_(0.1 * noise)
@@ -108,17 +108,15 @@ def quantise_in_place(hf, reference, weights: str, head: str, group_size: int) -
 HF_CHUNK = 2048  # prompt tokens per transformers forward in the comparison
 
 
-def compare_with_transformers(spec, device: str, dtype: torch.dtype, *, prompt_len: int = 16,
+def compare_with_transformers(model_spec, device: str, dtype: torch.dtype, *, prompt_len: int = 16,
                               steps: int = 64, seed: int = 0, backend: str | None = None,
                               graph: bool | None = None, weights: str = "bf16",
                               head: str = "bf16", group_size: int = 128) -> Comparison:
     from transformers import DynamicCache
 
-    from floorline.models import build_model
-
     device = str(device)
     graph = device.startswith("cuda") if graph is None else graph
-    hf = build_model(spec.without_weights(), device, dtype, seed)
+    hf = build_model(model_spec.without_weights(), device, dtype, seed)
     perturb_(hf, seed)
     quantised = weights != "bf16" or head != "bf16"
     if head != "bf16" and hf.get_output_embeddings().weight is hf.get_input_embeddings().weight:
@@ -128,27 +126,27 @@ def compare_with_transformers(spec, device: str, dtype: torch.dtype, *, prompt_l
     reference = copy.deepcopy(hf).float() if dtype != torch.float32 else None
     made = quantise_in_place(hf, reference, weights, head, group_size)
     params = dict(hf.named_parameters())
-    config = DecoderConfig.from_hf(spec.config)
+    config = DecoderConfig.from_hf(model_spec.config)
     decoder_weights = from_named(config, params.__getitem__, device, dtype,
                                  linear=made.__getitem__ if weights != "bf16" else None)
     if head != "bf16":
         decoder_weights.head = made["lm_head"]
-    engine = Engine(spec, device, prompt_len + steps + 1, dtype=dtype, backend=backend,
+    engine = Engine(model_spec, device, prompt_len + steps + 1, dtype=dtype, backend=backend,
                     decoder_weights=decoder_weights)
-    result = Comparison(spec.name, str(dtype).removeprefix("torch."), engine.ops.name, graph,
+    result = Comparison(model_spec.name, str(dtype).removeprefix("torch."), engine.ops.name, graph,
                         steps, weights=weights, head=head)
     prompt = torch.randint(engine.config.vocab, (1, prompt_len),
                            generator=torch.Generator().manual_seed(seed)).to(device)
     caches = {id(m): DynamicCache(config=m.config) for m in (hf, reference, original)
               if m is not None}
 
-    def hf_logits(model, tokens, start):
+    def hf_logits(hf_model, tokens, start):
         # a long prompt in pieces: attention with a mask can take transformers' math path,
         # whose scores for a whole 32k prompt would not fit on the GPU
         for at in range(0, tokens.shape[1], HF_CHUNK):
             piece = tokens[:, at:at + HF_CHUNK]
             positions = torch.arange(start + at, start + at + piece.shape[1], device=device)
-            out = model(input_ids=piece, **{cache_keyword(model): caches[id(model)]},
+            out = hf_model(input_ids=piece, **{cache_keyword(hf_model): caches[id(hf_model)]},
                         use_cache=True, cache_position=positions, position_ids=positions[None],
                         logits_to_keep=1)
         return out.logits[0, -1].float()

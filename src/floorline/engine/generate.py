@@ -6,14 +6,19 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
+from floorline.engine.kvcache import check_format
+from floorline.engine.runtime import Engine
 from floorline.engine.sampling import Sampler
 from floorline.errors import FloorlineError, one_line
+from floorline.models import resolve_model
+from floorline.models.zoo import shipped_name
+from floorline.traffic import engine_kv_format, engine_weight_format, floor
 
 # --dtype -> the engine's dtype and the floor's name for it (weights and KV cache alike).
 DTYPES = {"bfloat16": (torch.bfloat16, "bf16"), "float32": (torch.float32, "fp32")}
@@ -31,7 +36,7 @@ class GenerationResult:
     prefill_ms: float  # the prompt's forward pass and the first new token read back
     decode_ms: float  # wall clock over the decode steps, each token read back included
     device_ms: float | None  # CUDA events around each graph replay; None on the CPU
-    spec: object = field(repr=False)  # the floorline ModelSpec, for the floor
+    model_spec: object = field(repr=False)  # the floorline ModelSpec, for the floor
 
     @property
     def steps(self) -> int:
@@ -53,19 +58,17 @@ class GenerationResult:
     def summary(self, gpu) -> str:
         """One line: tokens, prefill, decode speed, and the fraction of the floor on `gpu` (a
         floorline DeviceSpec) at the final context."""
-        from floorline.traffic import floor
-
         n = len(self.ids)
         parts = [f"{n} new token{'s' if n > 1 else ''}"
                  + (" (stopped at EOS)" if self.stopped_at_eos else ""),
-                 f"prefill {self.prefill_ms:.1f} ms ({len(self.prompt_ids) / self.prefill_ms * 1e3:.0f} "
-                 "tokens/s)"]
+                 f"prefill {self.prefill_ms:.1f} ms "
+                 f"({len(self.prompt_ids) / self.prefill_ms * 1e3:.0f} tokens/s)"]
         if self.steps:
             parts.append(f"decode {self.ms_per_token:.3f} ms/token")
             if self.device_ms is not None:
                 parts.append(f"device {self.device_ms_per_step:.3f} ms/step")
             kv = self.kv_format
-            f = floor(self.spec, gpu, self.final_context, self.weight_format, kv)
+            f = floor(self.model_spec, gpu, self.final_context, self.weight_format, kv)
             parts.append(f"{f.floor_ms / self.ms_per_token:.1%} of the floor ({f.floor_ms:.3f} ms "
                          f"at ctx {f.ctx}, weights {self.weight_format}, KV {kv}, on {gpu.name} "
                          f"at {gpu.peak_gbps:g} GB/s)")
@@ -179,12 +182,6 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
     None: the checkpoint's own format), `head` (bf16, fp8) and `kv` (the KV cache: bf16, the
     16-bit dtype, or fp8) choose the engine's formats; a 16-bit checkpoint is quantised at
     load."""
-    from floorline.engine.kvcache import check_format
-    from floorline.traffic import engine_kv_format, engine_weight_format
-    from floorline.engine.runtime import Engine
-    from floorline.models import resolve_model
-    from floorline.models.zoo import shipped_name
-
     if dtype not in DTYPES:
         raise FloorlineError(f"dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
     check_format(kv)
@@ -196,26 +193,27 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
         sampler = Sampler(temperature, top_p)
     except ValueError as e:
         raise FloorlineError(str(e)) from None
-    spec = resolve_model(str(model))
-    if not spec.has_real_weights:
+    model_spec = resolve_model(str(model))
+    if not model_spec.has_real_weights:
         what = ("is a shipped config without weights" if shipped_name(str(model))
                 else "holds no .safetensors weights")
         raise FloorlineError(f"{model} {what}: generate needs a checkpoint directory with "
                              "config.json, *.safetensors and a tokenizer")
-    tokenizer = load_tokenizer(spec.weights_dir)
-    check_tokenizer(spec.weights_dir, tokenizer, spec.config.get_text_config().vocab_size)
-    prompt_ids = encode(tokenizer, prompt, chat, spec.weights_dir)
+    tokenizer = load_tokenizer(model_spec.weights_dir)
+    vocab = model_spec.config.get_text_config().vocab_size
+    check_tokenizer(model_spec.weights_dir, tokenizer, vocab)
+    prompt_ids = encode(tokenizer, prompt, chat, model_spec.weights_dir)
     if not prompt_ids:
         raise FloorlineError("the prompt encodes to no tokens")
     capacity = len(prompt_ids) + max_new_tokens
-    if spec.max_context is not None and capacity > spec.max_context:
+    if model_spec.max_context is not None and capacity > model_spec.max_context:
         raise FloorlineError(f"{len(prompt_ids)} prompt tokens + {max_new_tokens} new tokens = "
-                             f"{capacity}, above the model's {spec.max_context} positions")
-    stop = eos_ids(spec.weights_dir, spec.config, tokenizer)
+                             f"{capacity}, above the model's {model_spec.max_context} positions")
+    stop = eos_ids(model_spec.weights_dir, model_spec.config, tokenizer)
     cuda = torch.device(device).type == "cuda"
     if cuda and torch.device(device).index is not None:
         torch.cuda.set_device(device)  # the kernels, the graph and the events use the current GPU
-    engine = Engine(spec, device, capacity, dtype=DTYPES[dtype][0], sampler=sampler,
+    engine = Engine(model_spec, device, capacity, dtype=DTYPES[dtype][0], sampler=sampler,
                     weights=weights, head=head, kv=kv)
     weight_format = engine_weight_format(engine.weights, engine.head, DTYPES[dtype][1])
     kv_format = engine_kv_format(kv, DTYPES[dtype][1])
@@ -256,4 +254,5 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
         stream.push(ids[-1])
     engine.close()
     return GenerationResult(prompt_ids, ids, stream.finish(), ids[-1] in stop, dtype,
-                            weight_format, kv_format, prefill_ms, decode_s * 1e3, device_ms, spec)
+                            weight_format, kv_format, prefill_ms, decode_s * 1e3, device_ms,
+                            model_spec)

@@ -67,7 +67,7 @@ class KVCache:
 
     @classmethod
     def allocate(cls, kv: str, layers: int, kv_heads: int, capacity: int, head_dim: int,
-                 dtype: torch.dtype, device) -> "KVCache":
+                 dtype: torch.dtype, device) -> KVCache:
         shape = (layers, kv_heads, capacity, head_dim)
         stored = FP8 if check_format(kv) == "fp8" else dtype
         k, v = (torch.zeros(shape, dtype=stored, device=device) for _ in "kv")

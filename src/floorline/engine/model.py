@@ -42,6 +42,7 @@ from floorline.engine.kvcache import KVCache
 from floorline.engine.quant import dense
 from floorline.engine.weights import DecoderWeights
 from floorline.errors import FloorlineError
+from floorline.traffic import kv_layout
 
 
 class EngineUnsupported(FloorlineError):
@@ -80,9 +81,7 @@ class DecoderConfig:
     final_softcap: float | None = None  # logits = c tanh(logits / c)
 
     @classmethod
-    def from_hf(cls, config) -> "DecoderConfig":
-        from floorline.traffic import kv_layout
-
+    def from_hf(cls, config) -> DecoderConfig:
         cfg = config.get_text_config()
         kind = cfg.model_type
         if "moe" in kind or any(getattr(cfg, f, None) for f in ("num_experts",
@@ -404,7 +403,8 @@ class Decoder:
 
 def _rms_norm(x, weight, eps):
     x = x.float()
-    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(weight.dtype)
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * weight.float()).to(weight.dtype)
 
 
 def _linear(x, weight, bias, dtype):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from floorline.engine.kernels import attention, gemv, norm
 from floorline.engine.kernels.attention import decode_attention_reference
 from floorline.engine.kernels.gemv import gemv_reference
 from floorline.engine.kernels.norm import add_norm_reference
+from floorline.engine.tuning import GemvTuner
 
 
 class ReferenceOps:
@@ -26,9 +28,6 @@ class TritonOps:
     name = "triton"
 
     def __init__(self, device):
-        from floorline.engine.kernels import attention, gemv, norm
-        from floorline.engine.tuning import GemvTuner
-
         self.tuner = GemvTuner(device)
         self._gemv = gemv.gemv
         self.partials = gemv.SplitPartials()

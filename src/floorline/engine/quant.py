@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from floorline.layouts import awq, gptq
+
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FORMATS = ("bf16", "int4", "fp8")  # --weights; bf16 means the checkpoint's 16-bit matrices
 HEAD_FORMATS = ("bf16", "fp8")
@@ -206,8 +208,6 @@ def quantize(w: torch.Tensor, fmt: str, group_size: int = 128):
 
 def int4_from_awq(t: dict, group_size: int) -> Int4Weight:
     """AutoAWQ GEMM tensors (qweight [K, N/8], qzeros [G, N/8], scales [G, N]) repacked."""
-    from floorline.layouts import awq
-
     q, zeros = awq.unpack(t)
     return int4_from_integers(q, zeros.t(), t["scales"].t(), group_size)
 
@@ -215,8 +215,6 @@ def int4_from_awq(t: dict, group_size: int) -> Int4Weight:
 def int4_from_gptq(t: dict, group_size: int) -> Int4Weight:
     """GPTQ v1 tensors (qweight [K/8, N], qzeros [G, N/8] holding zero - 1, scales [G, N],
     g_idx [K]) repacked; a g_idx other than k // group_size (act-order) is refused."""
-    from floorline.layouts import gptq
-
     k = t["qweight"].shape[0] * 8
     if "g_idx" in t:
         expected = torch.arange(k, device=t["g_idx"].device) // group_size

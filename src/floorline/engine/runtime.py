@@ -25,7 +25,7 @@ class Engine:
     16-bit `dtype`) or "fp8" (e4m3, a scale per token and head). `decoder_weights` skips loading.
     """
 
-    def __init__(self, model, device: str, capacity: int, *, seed: int = 0,
+    def __init__(self, model_spec, device: str, capacity: int, *, seed: int = 0,
                  dtype: torch.dtype = torch.bfloat16, backend: str | None = None,
                  sampler: Sampler | None = None, weights: str | None = None,
                  head: str = "bf16", kv: str = "bf16", group_size: int = 128,
@@ -37,7 +37,7 @@ class Engine:
             raise FloorlineError(f"engine head must be one of {', '.join(HEAD_FORMATS)}, not "
                                  f"'{head}'")
         check_format(kv)
-        self.config = DecoderConfig.from_hf(model.config)
+        self.config = DecoderConfig.from_hf(model_spec.config)
         if weights == "int4":
             c = self.config
             widths = {c.hidden, c.heads * c.head_dim, c.intermediate}
@@ -51,10 +51,11 @@ class Engine:
             raise FloorlineError(f"engine backend must be 'triton' or 'reference', not '{backend}'")
         ops = TritonOps(self.device) if backend == "triton" else ReferenceOps()
         formats = dict(head=head, group_size=group_size)
-        if decoder_weights is None and model.has_real_weights:
-            decoder_weights = load_checkpoint(model.weights_dir, self.config, self.device, dtype,
-                                              weights=weights, quantization=quantisation_config(
-                                                  model.config), **formats)
+        if decoder_weights is None and model_spec.has_real_weights:
+            decoder_weights = load_checkpoint(model_spec.weights_dir, self.config, self.device,
+                                              dtype, weights=weights,
+                                              quantization=quantisation_config(model_spec.config),
+                                              **formats)
         elif decoder_weights is None:
             decoder_weights = random_weights(self.config, self.device, dtype, seed,
                                              weights=weights or "bf16", **formats)

@@ -9,11 +9,11 @@ measured by this project).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import statistics
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -23,8 +23,7 @@ from floorline.engine.kernels.gemv import GemvConfig, SplitPartials, gemv
 from floorline.engine.quant import Fp8Weight, Int4Weight, nbytes, quantize_fp8
 from floorline.errors import FloorlineError
 from floorline.localcache import cache_dir
-from floorline.measure.probe import l2_bytes
-from floorline.measure.timer import time_steps
+from floorline.timing import l2_bytes, time_steps
 
 SHIPPED = Path(__file__).parent / "tuned"
 
@@ -176,7 +175,7 @@ class GemvTuner:
         partials = SplitPartials()
         results = []
         for config in candidates(k, group_of(w)):
-            def run():
+            def run(config=config):
                 for m, u in mats:
                     gemv(x, m, y, config=config, up=u, partials=partials, **extras)
             results.append((time_graph(run) / copies, config))

@@ -16,14 +16,15 @@ on the device (int4 drawn in AWQ's layout and repacked, as a checkpoint's would 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from floorline.engine import quant
 from floorline.errors import FloorlineError, one_line
+from floorline.layouts import awq
 
 
 @dataclass
@@ -139,7 +140,8 @@ def from_named(config, get: Callable[[str], torch.Tensor], device, dtype, *,
         after = "pre_feedforward_layernorm" if config.gemma else "post_attention_layernorm"
         layers.append(LayerWeights(
             wqkv=wqkv,
-            bqkv=torch.cat([take(a + f"{x}_proj.bias") for x in "qkv"]) if config.qkv_bias else None,
+            bqkv=(torch.cat([take(a + f"{x}_proj.bias") for x in "qkv"]) if config.qkv_bias
+                  else None),
             wo=matrix(a + "o_proj"),
             bo=take(a + "o_proj.bias") if config.o_bias else None,
             wgate=wgate, wup=wup, wdown=matrix(p + "mlp.down_proj"),
@@ -238,7 +240,8 @@ def load_checkpoint(directory: Path, config, device, dtype, *, weights: str | No
         try:
             handle = safe_open(str(f), framework="pt", device=str(device))
         except Exception as e:  # SafetensorError: a truncated or foreign file
-            raise FloorlineError(f"{f} is not a readable safetensors file ({one_line(e)})") from None
+            raise FloorlineError(f"{f} is not a readable safetensors file "
+                                 f"({one_line(e)})") from None
         for name in handle.keys():
             if name in where:
                 raise FloorlineError(f"{directory}: tensor '{name}' is in more than one "
@@ -281,8 +284,6 @@ def random_weights(config, device, dtype, seed: int, *, weights: str = "bf16",
     """Seeded normal(0, initializer_range) matrices and biases, norms near one, drawn on the
     device (a 7B model in seconds on a GPU); int4 matrices are drawn in AWQ's layout with the
     same spread and repacked, fp8 ones quantised from 16-bit draws."""
-    from floorline.layouts import awq
-
     generator = torch.Generator(device=device).manual_seed(seed)
     c = config
 

@@ -12,26 +12,31 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from floorline.hardware import catalogue_names
+from floorline.store import CellRow
 
 SHIPPED = "h200.json"
 
 
 @dataclass
 class Calibration:
-    cells: list[dict] = field(default_factory=list)  # model ctx path gpu ms weight_format kv_dtype source
-    explanations: list[dict] = field(default_factory=list)  # path model ctx gpu kernels_per_step classes source
-    probes: list[dict] = field(default_factory=list)  # gpu eager_us graph_us stream_read_gbps source
-    cpu_paths: set[str] = field(default_factory=set)  # paths with valid cells on a non-catalogue device
+    # model ctx path gpu ms weight_format kv_dtype source
+    cells: list[dict] = field(default_factory=list)
+    # path model ctx gpu kernels_per_step classes source
+    explanations: list[dict] = field(default_factory=list)
+    # gpu eager_us graph_us stream_read_gbps source
+    probes: list[dict] = field(default_factory=list)
+    # paths with valid cells on a non-catalogue device
+    cpu_paths: set[str] = field(default_factory=set)
 
-    def without(self, cell: dict) -> "Calibration":
+    def without(self, cell: dict) -> Calibration:
         return Calibration([c for c in self.cells if c is not cell], self.explanations,
                            self.probes, self.cpu_paths)
 
 
-def cell_record(row: dict, source: str) -> dict:
-    return {"model": row["model"], "ctx": row["ctx"], "path": row["path"], "gpu": row["gpu"],
-            "ms": row["median_ms"], "weight_format": row["weight_format"],
-            "kv_dtype": row["kv_dtype"], "finished_at": row.get("finished_at"), "source": source}
+def cell_record(row: CellRow, source: str) -> dict:
+    return {"model": row.model, "ctx": row.ctx, "path": row.path, "gpu": row.gpu,
+            "ms": row.median_ms, "weight_format": row.weight_format,
+            "kv_dtype": row.kv_dtype, "finished_at": row.finished_at, "source": source}
 
 
 def explain_record(results: dict, source: str) -> dict:
@@ -47,25 +52,25 @@ def probe_record(results: dict, gpu: str, source: str) -> dict:
             "source": source}
 
 
-def from_rows(rows: list[dict], explanations: list[dict], probes: dict[str, dict],
+def from_rows(rows: list[CellRow], explanations: list[dict], probes: dict[str, dict],
               label: str) -> Calibration:
     """A database's contents as records: valid cells of catalogued GPUs (the newest of each
     model, ctx, path and GPU); CPU cells only noted, as they say nothing about a GPU; explain
     results of catalogued GPUs that count kernels by class (the terms read those counts)."""
     gpus = set(catalogue_names())
-    newest: dict[tuple, dict] = {}
+    newest: dict[tuple, CellRow] = {}
     cpu_paths = set()
     for r in rows:
-        if r["status"] != "valid":
+        if r.status != "valid":
             continue
-        if r["gpu"] not in gpus:
-            cpu_paths.add(r["path"])
+        if r.gpu not in gpus:
+            cpu_paths.add(r.path)
             continue
-        key = (r["model"], r["ctx"], r["path"], r["gpu"])
-        if key not in newest or (r.get("finished_at") or "") >= (newest[key].get("finished_at") or ""):
+        key = (r.model, r.ctx, r.path, r.gpu)
+        if key not in newest or r.finished_at >= newest[key].finished_at:
             newest[key] = r
-    cells = [cell_record(r, f"{label} cell {r['id']}") for r in newest.values()]
-    env_gpu = {r["fingerprint_key"]: r["gpu"] for r in rows if r["gpu"] in gpus}
+    cells = [cell_record(r, f"{label} cell {r.id}") for r in newest.values()]
+    env_gpu = {r.fingerprint_key: r.gpu for r in rows if r.gpu in gpus}
     probe_list = [probe_record(p, env_gpu[k], f"{label} probe")
                   for k, p in probes.items() if k in env_gpu]
     expl = [explain_record(e, f"{label} explain {e['id']}") for e in explanations

@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from floorline.errors import FloorlineError
 from floorline.forecast.calibration import Calibration
 from floorline.forecast.terms import (
-    GPU_GOVERNED, TRANSFORMERS, attention_bytes, family, formats, kind, layers, weight_bytes,
+    GPU_GOVERNED,
+    TRANSFORMERS,
+    attention_bytes,
+    family,
+    formats,
+    kind,
+    layers,
+    weight_bytes,
 )
 from floorline.hardware import lookup
 from floorline.paths import parse_path
@@ -93,8 +100,9 @@ def attention_fraction(cal: Calibration, fam: str) -> Term:
 def _explain_for(cal: Calibration, path: str) -> dict | None:
     """The path's own explain, else one of its graph-replayed twin (same kernels), else any of
     its family, preferring its kind."""
-    spec = parse_path(path)
-    twin = parse_path(path.replace("+graphs", "") + "+graphs").name if not spec.graphs else path
+    path_spec = parse_path(path)
+    twin = (path if path_spec.graphs
+            else parse_path(path.replace("+graphs", "") + "+graphs").name)
     ranked = sorted((e for e in cal.explanations if family(e["path"]) == family(path)),
                     key=lambda e: (e["path"] != path, e["path"] != twin,
                                    kind(e["path"]) != kind(path)))
@@ -119,27 +127,30 @@ def small_kernels(cal: Calibration, path: str) -> tuple[Term, Term] | None:
 def _small_ms(terms: dict[str, Term], model: str) -> float:
     if "small kernels per layer" not in terms:
         return 0.0
-    return terms["small kernels per layer"].value * layers(model) * terms["cost per small kernel"].value / 1e3
+    per_layer = terms["small kernels per layer"].value
+    return per_layer * layers(model) * terms["cost per small kernel"].value / 1e3
 
 
 def weight_fraction(cal: Calibration, path: str, terms: dict[str, Term]) -> Term:
     """From the path's graph-replayed cells: what is left of each step after attention and the
     small kernels, against its weight bytes (median over cells). A host-bound path takes its
     graph-replayed twin's (same kernels), else explain's matrix-vector time, else the probe."""
-    spec = parse_path(path)
-    source_path = path if spec.graphs else parse_path(path + "+graphs").name \
+    path_spec = parse_path(path)
+    source_path = path if path_spec.graphs else parse_path(path + "+graphs").name \
         if family(path).startswith(TRANSFORMERS) else path
     eta_a = terms["attention's fraction of peak"].value
     values = []
     for c in cal.cells:
         if c["path"] != source_path:
             continue
-        rest = c["ms"] - _cell_attention(c) / (eta_a * _peak(c["gpu"])) - _small_ms(terms, c["model"])
+        rest = (c["ms"] - _cell_attention(c) / (eta_a * _peak(c["gpu"]))
+                - _small_ms(terms, c["model"]))
         if rest > 0:
             values.append(weight_bytes(c["model"], c["weight_format"]) / (rest * _peak(c["gpu"])))
     if values:
         return Term("weights' fraction of peak", statistics.median(values), "",
-                    f"median of {len(values)} {source_path} cells, after attention and small kernels")
+                    f"median of {len(values)} {source_path} cells, after attention and small "
+                    f"kernels")
     for e in cal.explanations:
         if e["path"] == path and e["classes"].get("matrix-vector", {}).get("ms"):
             w = weight_bytes(e["model"], formats(path)[0])
@@ -166,7 +177,8 @@ def host_terms(cal: Calibration, path: str, terms: dict[str, Term]) -> dict[str,
         raise FloorlineError(f"no forecast: launches per step of {path} are missing (run explain "
                              f"on it or on another path of its family on a GPU)")
     per_layer = e["kernels_per_step"] / layers(e["model"])
-    costs = [c["ms"] / (per_layer * layers(c["model"])) * 1e3 for c in cal.cells if c["path"] == path]
+    costs = [c["ms"] / (per_layer * layers(c["model"])) * 1e3
+             for c in cal.cells if c["path"] == path]
     if not costs:
         raise FloorlineError(f"no forecast: no GPU cell of {path} to measure its host cost from")
     return {"launches per layer": Term("launches per layer", per_layer, "",
@@ -211,7 +223,8 @@ def step(f: Fit, model: str, gpu: str, ctx: int) -> Step:
     w_fmt, kv = formats(f.path)
     parts = {
         "weights": weight_bytes(model, w_fmt) / (t["weights' fraction of peak"].value * peak),
-        "attention": attention_bytes(model, ctx, f.path, kv) / (t["attention's fraction of peak"].value * peak),
+        "attention": (attention_bytes(model, ctx, f.path, kv)
+                      / (t["attention's fraction of peak"].value * peak)),
         "small kernels": _small_ms(t, model),
     }
     if "host cost per launch" in t:

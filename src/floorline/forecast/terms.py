@@ -16,19 +16,20 @@ TRANSFORMERS = "transformers"
 def family(path: str) -> str:
     """Paths whose attention runs the same kernels over the same cache layout (torch.compile
     generates its own; the engine reads an fp8 cache with kernels of its own)."""
-    spec = parse_path(path)
-    if spec.base.startswith("engine"):
-        return "engine" + (" fp8 KV" if REGISTRY[spec.base].kv_dtype == "engine-fp8" else "")
-    if spec.base.startswith("llamacpp"):
+    path_spec = parse_path(path)
+    if path_spec.base.startswith("engine"):
+        return "engine" + (" fp8 KV" if REGISTRY[path_spec.base].kv_dtype == "engine-fp8" else "")
+    if path_spec.base.startswith("llamacpp"):
         return "llama.cpp"
-    return TRANSFORMERS + ("+compile" if spec.compile else "")
+    return TRANSFORMERS + ("+compile" if path_spec.compile else "")
 
 
 def kind(path: str) -> str:
     """Graph-replayed paths (+graphs, the engine, llama.cpp's own graphs) leave the host one
     launch a step; the others launch every kernel from Python."""
-    spec = parse_path(path)
-    return GPU_GOVERNED if spec.graphs or not family(path).startswith(TRANSFORMERS) else HOST_BOUND
+    path_spec = parse_path(path)
+    graph_replayed = path_spec.graphs or not family(path).startswith(TRANSFORMERS)
+    return GPU_GOVERNED if graph_replayed else HOST_BOUND
 
 
 def formats(path: str) -> tuple[str, str]:
@@ -58,4 +59,5 @@ def attention_bytes(model: str, ctx: int, path: str, kv_dtype: str) -> float:
     _, windows = kv_layout(config)
     _, head_dim = kv_heads_and_dim(config)
     heads = config.get_text_config().num_attention_heads
-    return float(sum(2 * heads * head_dim * 2 * (ctx if w is None else min(ctx, w)) for w in windows))
+    return float(sum(2 * heads * head_dim * 2 * (ctx if w is None else min(ctx, w))
+                     for w in windows))

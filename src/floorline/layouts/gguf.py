@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from floorline.errors import FloorlineError
+
 STD = 0.02
 CHUNK = 1 << 24  # weights drawn per chunk, so that a 7B file is written in bounded memory
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
@@ -55,7 +57,8 @@ def q6_k_blocks(rng, n: int):
     out = np.empty((n, 210), np.uint8)
     out[:, :192] = rng.integers(0, 256, (n, 192), dtype=np.uint8)
     out[:, 192:208] = rng.integers(8, 17, (n, 16), dtype=np.int8).view(np.uint8)
-    out[:, 208:] = _fp16_bytes(STD / (12.3 * math.sqrt((64**2 - 1) / 12)) * rng.uniform(0.9, 1.1, n))
+    scale = STD / (12.3 * math.sqrt((64**2 - 1) / 12))
+    out[:, 208:] = _fp16_bytes(scale * rng.uniform(0.9, 1.1, n))
     return out
 
 
@@ -110,10 +113,12 @@ def _chunks(shape, qtype, kind, rng):
                    + STD * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
         elif qtype == T.BF16:
             bits = (STD * rng.standard_normal(n, dtype=np.float32)).view(np.uint32)
-            yield ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+            # round to nearest even
+            yield ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
         else:
             block = GGML_QUANT_SIZES[qtype][0]
-            yield {T.Q4_0: q4_0_blocks, T.Q8_0: q8_0_blocks, T.Q6_K: q6_k_blocks}[qtype](rng, n // block)
+            blocks = {T.Q4_0: q4_0_blocks, T.Q8_0: q8_0_blocks, T.Q6_K: q6_k_blocks}[qtype]
+            yield blocks(rng, n // block)
 
 
 class _Streamed:
@@ -138,8 +143,6 @@ def write_random_gguf(config, path: Path, fmt: str, seed: int) -> None:
     """Writes a GGUF of `config` (a transformers config) in `fmt`."""
     import gguf
     import numpy as np
-
-    from floorline.errors import FloorlineError
 
     cfg = config.get_text_config()
     arch = ARCHITECTURES.get(cfg.model_type)
@@ -179,11 +182,12 @@ def write_random_gguf(config, path: Path, fmt: str, seed: int) -> None:
         extra = [("rope_freqs.weight", (hd // 2,), gguf.GGMLQuantizationType.F32, "rope")]
     plan = extra + plan
     for name, shape, qtype, _ in plan:
-        w.add_tensor_info(name, shape, np.dtype(np.float32), tensor_bytes(shape, qtype), raw_dtype=qtype)
+        w.add_tensor_info(name, shape, np.dtype(np.float32), tensor_bytes(shape, qtype),
+                          raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for index, (name, shape, qtype, kind) in enumerate(plan):
+    for index, (_name, shape, qtype, kind) in enumerate(plan):
         rng = np.random.default_rng([seed, index])
         chunks = iter([llama3_rope_factors(rope, hd, theta)]) if kind == "rope" else \
             _chunks(shape, qtype, kind, rng)

@@ -44,4 +44,5 @@ def dequantize(t: dict, group_size: int):
 
 
 def random(out_features: int, in_features: int, group_size: int, generator, device) -> dict:
-    return pack(*random_groups(out_features, in_features, group_size, generator, device), group_size)
+    groups = random_groups(out_features, in_features, group_size, generator, device)
+    return pack(*groups, group_size)

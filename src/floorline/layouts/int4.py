@@ -52,7 +52,8 @@ def random_groups(out_features: int, in_features: int, group_size: int, generato
     zeros = 7 + torch.randint(0, 2, (groups, out_features), generator=generator, device=device)
     # E[(q - z)^2] = var(q) + (E q - E z)^2 + var(z) = 255/12 + 0 + 1/4
     scale = std / math.sqrt(255 / 12 + 1 / 4)
-    jitter = torch.empty(groups, out_features, device=device).uniform_(0.9, 1.1, generator=generator)
+    jitter = torch.empty(groups, out_features, device=device)
+    jitter.uniform_(0.9, 1.1, generator=generator)
     return q, zeros, (scale * jitter).to(torch.float16)
 
 

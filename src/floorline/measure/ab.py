@@ -16,11 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from floorline.errors import FloorlineError
+from floorline.measure.fingerprint import fingerprint_key
 from floorline.measure.runner import TIMEOUT_S
 from floorline.measure.session import Job, job_budget, run_fresh, shared_base
 from floorline.models import resolve_model
 from floorline.paths import parse_path, require_available
 from floorline.stats import Interval, mean_interval, summarise
+from floorline.store import Store
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,8 @@ class ABSummary:
             "failed": len(self.sessions) - len(self.ok), "seed": p.seed,
             "steps": p.steps, "block": p.block, "warmup": p.warmup,
             "speedup": speedup, "ci_low": ci_low, "ci_high": ci_high,
-            "ms_a": ms_a, "ms_a_ci": [ms_a_low, ms_a_high], "ms_b": ms_b, "ms_b_ci": [ms_b_low, ms_b_high],
+            "ms_a": ms_a, "ms_a_ci": [ms_a_low, ms_a_high],
+            "ms_b": ms_b, "ms_b_ci": [ms_b_low, ms_b_high],
             "energy_ratio": energy, "energy_ratio_ci": [energy_low, energy_high],
             "sentence": self.sentence(),
             "per_session": [s.as_dict() for s in self.sessions],
@@ -185,7 +188,7 @@ def summarise_sessions(plan: Plan, sessions: list[SessionResult]) -> ABSummary:
 
 
 def check_plan(plan: Plan) -> None:
-    model = resolve_model(plan.model, plan.trust_remote_code)
+    model_spec = resolve_model(plan.model, plan.trust_remote_code)
     for arm in (plan.a, plan.b):
         require_available(parse_path(arm), plan.device)
     if plan.sessions < 1 or plan.steps < 1 or plan.block < 1:
@@ -194,7 +197,7 @@ def check_plan(plan: Plan) -> None:
         raise FloorlineError("warm-up must be 'auto' or at least 0")
     # A context that leaves no room for a session's steps is refused here.
     for arms in [(plan.a, plan.b)] if plan.paired else [(plan.a,), (plan.b,)]:
-        job_budget(_job(plan, arms, 0), model.max_context)
+        job_budget(_job(plan, arms, 0), model_spec.max_context)
 
 
 def run_ab(plan: Plan, on_session: Callable[[SessionResult], None] = lambda s: None) -> ABSummary:
@@ -205,3 +208,21 @@ def run_ab(plan: Plan, on_session: Callable[[SessionResult], None] = lambda s: N
         on_session(result)
         sessions.append(result)
     return summarise_sessions(plan, sessions)
+
+
+def run_recorded(plan: Plan, run: Callable[[Callable[[SessionResult], None]], ABSummary],
+                 store: Store, env: dict,
+                 on_session: Callable[[SessionResult], None] | None = None) -> ABSummary:
+    """An A/B experiment run by `run(on_session)` (run_ab, or a fleet's) and stored: its plan
+    and environment first, each session as it ends (then `on_session`), its summary last."""
+    experiment = store.start_ab({**plan.__dict__, "paired": plan.paired}, env,
+                                fingerprint_key(env))
+
+    def stored(session: SessionResult) -> None:
+        store.add_ab_session(experiment, session)
+        if on_session is not None:
+            on_session(session)
+
+    summary = run(stored)
+    store.finish_ab(experiment, summary.as_dict())
+    return summary

@@ -3,80 +3,20 @@
 from __future__ import annotations
 
 import gc
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from floorline.errors import FloorlineError, exception_line, out_of_memory
 from floorline.hardware import DeviceSpec
 from floorline.measure.energy import NO_READING, open_meter
 from floorline.measure.fingerprint import clocks
 from floorline.measure.reduction import reference_path
-from floorline.measure.timer import StepPlan, run_plan
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, PathUnavailable, open_session, parse_path, unavailable
 from floorline.paths.base import GRAPH_WARMUP_STEPS, compile_mode
+from floorline.records import INVALID, VALID, CellKey, CellResult
 from floorline.stats import summarise
+from floorline.timing import StepPlan, run_plan
 from floorline.traffic import floor
-
-VALID = "valid"
-INVALID = "invalid"
-AUTO = "auto"
-
-
-@dataclass(frozen=True)
-class CellKey:
-    model: str
-    ctx: int
-    path: str
-    steps: int | str  # a count, or "auto:<relative width>"
-    warmup: int | str  # a count, or "auto"
-
-    @property
-    def plan(self) -> StepPlan:
-        warmup = None if self.warmup == AUTO else self.warmup
-        if isinstance(self.steps, str):
-            return StepPlan(warmup, None, float(self.steps.removeprefix(AUTO + ":")))
-        return StepPlan(warmup, self.steps)
-
-
-def key_steps(steps: int | None, rel_width: float) -> int | str:
-    """A cell's `steps` as stored: the count, or the automatic rule with its width."""
-    return f"{AUTO}:{rel_width:g}" if steps is None else steps
-
-
-def key_warmup(warmup: int | None) -> int | str:
-    return AUTO if warmup is None else warmup
-
-
-@dataclass
-class CellResult:
-    key: CellKey
-    gpu: str
-    status: str
-    reason: str | None = None
-    samples_ms: list[float] = field(default_factory=list)
-    summary: dict | None = None
-    floor: dict | None = None
-    details: dict = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        """Every field, JSON-able: how a cell comes back from its child process."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> CellResult:
-        return cls(**{**data, "key": CellKey(**data["key"])})
-
-    @property
-    def fraction_of_floor(self) -> float | None:
-        if self.summary is None or self.floor is None:
-            return None
-        return self.floor["floor_ms"] / self.summary["median_ms"]
-
-    @property
-    def achieved_gbps(self) -> float | None:
-        if self.summary is None or self.floor is None:
-            return None
-        return self.floor["total_bytes"] / (self.summary["median_ms"] * 1e6)
 
 
 def fit_prompt(ctx: int, decode: int, limit: int | None) -> int:
@@ -129,27 +69,27 @@ def check_floor(f):
     return f
 
 
-def prepare_cell(key: CellKey, model, device: str, gpu: DeviceSpec,
+def prepare_cell(key: CellKey, model_spec, device: str, gpu: DeviceSpec,
                  seed: int) -> tuple[CellResult, Budget | None]:
-    """The cell of `model` (resolved) before it runs: invalid, with its floor and what it will
+    """The cell of `model_spec` (resolved) before it runs: invalid, with its floor and what it will
     run, and its budget; no budget, and the reason, where it cannot run here (a floor of
     impossible bytes, no room for its steps, a path unavailable). Cheap: no model is built."""
-    spec = parse_path(key.path)
-    path = REGISTRY[spec.base]
+    path_spec = parse_path(key.path)
+    path = REGISTRY[path_spec.base]
     cell = CellResult(key, gpu.name, INVALID)
-    cell_floor = floor(model, gpu, key.ctx, path.weight_format, path.kv_dtype)
+    cell_floor = floor(model_spec, gpu, key.ctx, path.weight_format, path.kv_dtype)
     cell.floor = cell_floor.as_dict()
     cell.details = {"seed": seed, "device": device, "peak_source": gpu.source,
-                    "real_weights": path.real_weights(model)}
+                    "real_weights": path.real_weights(model_spec)}
     libraries = path.versions()
     if libraries:
         cell.details["libraries"] = libraries
     if path.reference is not None:
         ref = REGISTRY[path.reference]
-        ref_floor = floor(model, gpu, key.ctx, ref.weight_format, ref.kv_dtype)
+        ref_floor = floor(model_spec, gpu, key.ctx, ref.weight_format, ref.kv_dtype)
         cell.details["reference"] = {"path": reference_path(key.path),
                                      "total_bytes": ref_floor.total_bytes}
-    if spec.compile:
+    if path_spec.compile:
         cell.details["compile_mode"] = compile_mode(device)
     cell.reason = floor_problem(cell_floor)
     if cell.reason:
@@ -157,12 +97,12 @@ def prepare_cell(key: CellKey, model, device: str, gpu: DeviceSpec,
     # Room for the most steps the plan may run; the details say how many cached tokens the
     # first and the last timed step read (the floor counts ctx).
     try:
-        budget = step_budget(key.plan, key.ctx, model.max_context, graphs=spec.graphs)
+        budget = step_budget(key.plan, key.ctx, model_spec.max_context, graphs=path_spec.graphs)
     except FloorlineError as e:
         cell.reason = str(e)
         return cell, None
     cell.details.update(prompt_tokens=budget.prompt, **budget.plan.describe())
-    reason = unavailable(spec, device)
+    reason = unavailable(path_spec, device)
     if reason is not None:
         cell.reason = f"path unavailable: {reason}"
         return cell, None
@@ -175,15 +115,15 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
     and close; every failure a user can meet comes back as an invalid cell."""
     import torch
 
-    model = resolve_model(key.model, trust_remote_code)
-    cell, budget = prepare_cell(key, model, device, gpu, seed)
+    model_spec = resolve_model(key.model, trust_remote_code)
+    cell, budget = prepare_cell(key, model_spec, device, gpu, seed)
     if budget is None:
         return cell
-    spec, prompt = parse_path(key.path), budget.prompt
+    path_spec, prompt = parse_path(key.path), budget.prompt
     session = None
     try:
         with torch.no_grad():
-            session = open_session(spec, model, device, prompt + budget.decode, seed)
+            session = open_session(path_spec, model_spec, device, prompt + budget.decode, seed)
             session.prefill(prompt)
             cell.details.update(session.prefill_details())
             meter, note = open_meter(device)

@@ -20,11 +20,13 @@ from dataclasses import asdict
 
 from floorline.hardware import DeviceSpec
 from floorline.measure.cell import Budget, check_floor, step_budget
+from floorline.measure.fingerprint import environment, fingerprint_key
 from floorline.measure.runner import TIMEOUT_S, run_in_child
-from floorline.measure.timer import StepPlan, run_plan
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, open_session, parse_path
 from floorline.stats import summarise
+from floorline.store import Store
+from floorline.timing import StepPlan, run_plan
 from floorline.traffic import WEIGHT_FORMATS, count_parameters, floor
 
 # First match wins, on the lower-cased kernel (or operator) name.
@@ -68,7 +70,8 @@ def _events(prof, device: str) -> list[tuple[str, float, float, float]]:
     for e in prof.events():
         if device.startswith("cuda"):
             if e.device_type == DeviceType.CUDA:
-                out.append((e.name, e.time_range.start, e.time_range.end, e.time_range.elapsed_us()))
+                span = e.time_range
+                out.append((e.name, span.start, span.end, span.elapsed_us()))
         elif e.name.startswith("aten::"):
             out.append((e.name, e.time_range.start, e.time_range.end, e.self_cpu_time_total))
     return out
@@ -117,10 +120,10 @@ def check_context(model_name: str, ctx: int, path: str, gpu: DeviceSpec, steps: 
                   warmup: int | None) -> None:
     """One line where the sweep would call this cell invalid: a context (with the steps run
     after it) above the model's positions, or a floor of impossible bytes."""
-    model = resolve_model(model_name)
-    budget(path, steps, warmup, ctx, model.max_context)
+    model_spec = resolve_model(model_name)
+    budget(path, steps, warmup, ctx, model_spec.max_context)
     runtime = REGISTRY[parse_path(path).base]
-    check_floor(floor(model, gpu, ctx, runtime.weight_format, runtime.kv_dtype))
+    check_floor(floor(model_spec, gpu, ctx, runtime.weight_format, runtime.kv_dtype))
 
 
 def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
@@ -128,18 +131,20 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    spec, model = parse_path(path), resolve_model(model_name)
-    runtime = REGISTRY[spec.base]
-    f = floor(model, gpu, ctx, runtime.weight_format, runtime.kv_dtype)
+    path_spec, model_spec = parse_path(path), resolve_model(model_name)
+    runtime = REGISTRY[path_spec.base]
+    f = floor(model_spec, gpu, ctx, runtime.weight_format, runtime.kv_dtype)
     fmt = WEIGHT_FORMATS[runtime.weight_format]
-    *linears, head = count_parameters(model).matrix_shapes
+    *linears, head = count_parameters(model_spec).matrix_shapes
     matrix_bytes = sum(fmt.linear_bytes(o, i) for o, i in linears) + fmt.head_bytes(*head)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    fit = budget(path, steps, warmup, ctx, model.max_context)
+    activities = [ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(ProfilerActivity.CUDA)
+    fit = budget(path, steps, warmup, ctx, model_spec.max_context)
     # Kineto writes its own start and stop lines to stderr unless told otherwise.
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")
     with torch.no_grad():
-        session = open_session(spec, model, device, fit.prompt + fit.decode, seed)
+        session = open_session(path_spec, model_spec, device, fit.prompt + fit.decode, seed)
         try:
             session.prefill(fit.prompt)
             timing = run_plan(session.step, device, fit.plan)
@@ -156,7 +161,8 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
         raise RuntimeError("the profiler recorded no kernels")
     classes = by_class(events, steps, {"matrix-vector": matrix_bytes, "attention": f.kv_bytes})
     return {
-        "model": model.name, "ctx": ctx, "path": spec.name, "gpu": gpu.name, "device": device,
+        "model": model_spec.name, "ctx": ctx, "path": path_spec.name, "gpu": gpu.name,
+        "device": device,
         "steps": steps, "warmup_steps": timing.warmup_steps, "steady": timing.steady,
         "kernels_per_step": len(events) / steps,
         "decomposition": decompose(classes, events, steps, median, f.floor_ms),
@@ -177,3 +183,14 @@ def explain_in_child(model_name: str, ctx: int, path: str, device: str, gpu: Dev
                         {"model_name": model_name, "ctx": ctx, "path": path, "device": device,
                          "gpu": asdict(gpu), "steps": steps, "warmup": warmup, "seed": seed},
                         timeout_s)
+
+
+def explain_into(store: Store, model_name: str, ctx: int, path: str, device: str,
+                 gpu: DeviceSpec, steps: int = 16, warmup: int | None = None,
+                 timeout_s: float = TIMEOUT_S) -> dict:
+    """explain_in_child, its result stored beside the cells of this environment."""
+    result = explain_in_child(model_name, ctx, path, device, gpu, steps, warmup,
+                              timeout_s=timeout_s)
+    env = environment(device)
+    store.add_explanation(result, env, fingerprint_key(env))
+    return result

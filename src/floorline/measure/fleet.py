@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from floorline.errors import FloorlineError, one_line
-from floorline.hardware import DeviceSpec
+from floorline.hardware import DeviceSpec, detect
 from floorline.measure.ab import ABSummary, Plan, SessionResult, run_session, summarise_sessions
-from floorline.measure.cell import INVALID, CellKey, CellResult
 from floorline.measure.fingerprint import environment, fingerprint_key
 from floorline.measure.runner import TIMEOUT_S, run_cell_in_child
+from floorline.records import INVALID, CellKey, CellResult
 from floorline.store import Store
 
 GPU = "GPU"  # the Dask resource a worker holds one of per GPU; every cell's task needs one
@@ -78,8 +78,6 @@ def worker_gpu(device: str, given: DeviceSpec | None) -> DeviceSpec:
     if device not in _detected:
         import torch
 
-        from floorline.hardware import detect
-
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise FloorlineError(f"worker on {socket.gethostname()} sees no CUDA device (start "
                                  "it on a GPU, or sweep with --device cpu)")
@@ -89,9 +87,9 @@ def worker_gpu(device: str, given: DeviceSpec | None) -> DeviceSpec:
 
 def describe_worker(device: str, gpu: DeviceSpec | None, dask_worker) -> dict:
     """Runs on a worker: its name, host, the GPU it measures on and its environment."""
-    spec = worker_gpu(device, gpu)
+    device_spec = worker_gpu(device, gpu)
     env = environment(device)
-    return {"name": str(dask_worker.name), "host": socket.gethostname(), "gpu": spec.name,
+    return {"name": str(dask_worker.name), "host": socket.gethostname(), "gpu": device_spec.name,
             "env": env, "env_key": fingerprint_key(env)}
 
 
@@ -339,7 +337,8 @@ def dispatch(fleet: Fleet, items: list, call: Callable[[object], tuple], device:
 
 def sweep(fleet: Fleet, store: Store, keys: list[CellKey], device: str,
           gpu: DeviceSpec | None = None, *, seed: int = 0, trust_remote_code: bool = False,
-          timeout_s: float = TIMEOUT_S, attempts: int = ATTEMPTS, on_start: Callable[[CellKey, Started], None] | None = None,
+          timeout_s: float = TIMEOUT_S, attempts: int = ATTEMPTS,
+          on_start: Callable[[CellKey, Started], None] | None = None,
           on_done: Callable[[CellKey, CellResult, str, str], None] | None = None,
           task_fn: Callable[[Task], Measured] = run_task) -> None:
     """Measures every cell of `keys` on the fleet, committing each as its task ends (a cell

@@ -12,15 +12,10 @@ import statistics
 import time
 
 from floorline.errors import FloorlineError
-from floorline.measure.timer import time_steps
-
-
-def l2_bytes(device: str) -> int:
-    import torch
-
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_properties(torch.device(device)).L2_cache_size
-    return 64 * 2**20  # generous for a CPU's last-level cache
+from floorline.measure.fingerprint import environment, fingerprint_key
+from floorline.store import Store
+from floorline.timing import l2_bytes, time_steps
+from floorline.traffic import count_parameters
 
 
 def _rotation(nbytes: int, device: str, budget: int) -> int:
@@ -46,7 +41,8 @@ def _rotating(buffers, op):
 def stream_read_gbps(device: str, nbytes: int, budget: int, repeats: int = 20) -> float:
     import torch
 
-    bufs = [torch.rand(nbytes // 4, device=device) for _ in range(_rotation(nbytes, device, budget))]
+    copies = _rotation(nbytes, device, budget)
+    bufs = [torch.rand(nbytes // 4, device=device) for _ in range(copies)]
     return nbytes / _time_ms(_rotating(bufs, torch.sum), device, repeats) / 1e6
 
 
@@ -58,7 +54,8 @@ def copy_gbps(device: str, nbytes: int, budget: int, repeats: int = 20) -> float
     srcs = [torch.rand(nbytes // 4, device=device) for _ in range(n)]
     dsts = [torch.empty_like(s) for s in srcs]
     pairs = list(zip(dsts, srcs))
-    return 2 * nbytes / _time_ms(_rotating(pairs, lambda p: p[0].copy_(p[1])), device, repeats) / 1e6
+    ms = _time_ms(_rotating(pairs, lambda p: p[0].copy_(p[1])), device, repeats)
+    return 2 * nbytes / ms / 1e6
 
 
 def gemv_gbps(device: str, shape: tuple[int, int], budget: int, repeats: int = 20) -> float:
@@ -70,7 +67,8 @@ def gemv_gbps(device: str, shape: tuple[int, int], budget: int, repeats: int = 2
     out_f, in_f = shape
     nbytes = out_f * in_f * 2
     n = _rotation(nbytes, device, budget)
-    weights = [torch.randn(out_f, in_f, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(n)]
+    weights = [torch.randn(out_f, in_f, device=device, dtype=torch.bfloat16) * 0.02
+               for _ in range(n)]
     x = torch.randn(1, in_f, device=device, dtype=torch.bfloat16)
     if device.startswith("cuda"):
         F.linear(x, weights[0])  # cuBLAS handles and workspace outside the capture
@@ -112,11 +110,9 @@ def launch_us(device: str, launches: int = 2000) -> dict:
     return result
 
 
-def gemv_shapes(model) -> list[tuple[int, int]]:
+def gemv_shapes(model_spec) -> list[tuple[int, int]]:
     """The distinct (out, in) shapes of the model's linears, LM head included."""
-    from floorline.traffic import count_parameters
-
-    return sorted(set(count_parameters(model).matrix_shapes))
+    return sorted(set(count_parameters(model_spec).matrix_shapes))
 
 
 def free_bytes(device: str) -> int:
@@ -142,7 +138,7 @@ def check_buffer(device: str, buffer_mib: int) -> None:
                              f"{device}")
 
 
-def probe(device: str, model=None, buffer_mib: int = 1024, budget_mib: int = 8192) -> dict:
+def probe(device: str, model_spec=None, buffer_mib: int = 1024, budget_mib: int = 8192) -> dict:
     nbytes, budget = buffer_mib * 2**20, budget_mib * 2**20
     results = {
         "stream_read_gbps": stream_read_gbps(device, nbytes, budget),
@@ -152,8 +148,19 @@ def probe(device: str, model=None, buffer_mib: int = 1024, budget_mib: int = 819
                    "MiB); median of 20 timed passes; copy counts read + write; GEMV is a one-row "
                    "bf16 F.linear, replayed in a CUDA graph on GPUs"),
     }
-    if model is not None:
-        results["model"] = model.name
+    if model_spec is not None:
+        results["model"] = model_spec.name
         results["gemv_gbps"] = {f"{o}x{i}": gemv_gbps(device, (o, i), budget)
-                                for o, i in gemv_shapes(model)}
+                                for o, i in gemv_shapes(model_spec)}
     return results
+
+
+def probe_into(store: Store, device: str, model_spec=None,
+               buffer_mib: int = 1024) -> tuple[dict, dict]:
+    """The probe of `device` (probe()), stored beside the cells of its environment: (its
+    figures, the environment)."""
+    results = probe(device, model_spec, buffer_mib=buffer_mib,
+                    budget_mib=max(8 * buffer_mib, 2048))
+    env = environment(device)
+    store.add_probe(device, results, env, fingerprint_key(env))
+    return results, env

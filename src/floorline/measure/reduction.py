@@ -9,39 +9,40 @@ so 100% means every byte saved came off the step, 0% none, and below 0 the step 
 
 from __future__ import annotations
 
+from floorline.paths import REGISTRY, parse_path
+from floorline.store import CellRow
+
 
 def reference_path(path_name: str) -> str | None:
     """`bnb-nf4+graphs` -> `hf-static+graphs`: the 16-bit path this one is measured against."""
-    from floorline.paths import REGISTRY, parse_path
-
-    spec = parse_path(path_name)
-    ref = REGISTRY[spec.base].reference
+    path_spec = parse_path(path_name)
+    ref = REGISTRY[path_spec.base].reference
     if ref is None:
         return None
-    return ref + path_name[len(spec.base):]
+    return ref + path_name[len(path_spec.base):]
 
 
-def reductions(rows: list[dict]) -> dict[int, dict]:
+def reductions(rows: list[CellRow]) -> dict[int, dict]:
     """For each quantised row (by id) with a reference floor: expected, realised and share."""
-    valid = {(r["model"], r["ctx"], r["path"], r["steps"], r["warmup"], r["fingerprint_key"]): r
-             for r in rows if r["status"] == "valid"}
+    valid = {(r.model, r.ctx, r.path, r.steps, r.warmup, r.fingerprint_key): r
+             for r in rows if r.status == "valid"}
     out = {}
     for r in rows:
-        ref = r["details"].get("reference")
-        if not ref or not r["total_bytes"]:
+        ref = r.details.get("reference")
+        if not ref or not r.total_bytes:
             continue
-        expected = ref["total_bytes"] / r["total_bytes"]
+        expected = ref["total_bytes"] / r.total_bytes
         entry = {"reference_path": ref["path"], "expected": expected, "realised": None,
                  "share": None, "reference_id": None}
-        other = valid.get((r["model"], r["ctx"], ref["path"], r["steps"], r["warmup"],
-                           r["fingerprint_key"]))
+        other = valid.get((r.model, r.ctx, ref["path"], r.steps, r.warmup,
+                           r.fingerprint_key))
         if other is not None:
-            entry["reference_id"] = other["id"]
-        if other is not None and r["status"] == "valid":
-            realised = other["median_ms"] / r["median_ms"]
+            entry["reference_id"] = other.id
+        if other is not None and r.status == "valid":
+            realised = other.median_ms / r.median_ms
             entry.update(realised=realised,
                          share=(1 - 1 / realised) / (1 - 1 / expected) if expected != 1 else None)
-        out[r["id"]] = entry
+        out[r.id] = entry
     return out
 
 

@@ -20,8 +20,9 @@ from dataclasses import asdict
 
 from floorline.errors import FloorlineError, exception_line, one_line, out_of_memory
 from floorline.hardware import DeviceSpec
-from floorline.measure.cell import CellKey, CellResult, measure_cell, prepare_cell
+from floorline.measure.cell import measure_cell, prepare_cell
 from floorline.models import resolve_model
+from floorline.records import CellKey, CellResult
 
 # The child's command, before the job; tests point it at a script that misbehaves.
 CHILD = [sys.executable, "-m", "floorline.measure.runner"]

@@ -11,10 +11,10 @@ from dataclasses import asdict, dataclass
 from floorline.measure.cell import Budget, step_budget
 from floorline.measure.energy import NO_READING, open_meter
 from floorline.measure.runner import TIMEOUT_S, ChildFailed, run_in_child
-from floorline.measure.timer import StepPlan, run_plan, time_steps, timed_batch, warm_up
 from floorline.models import resolve_model
 from floorline.paths import GraphedSession, open_session, parse_path
 from floorline.paths.base import PathSpec
+from floorline.timing import StepPlan, run_plan, time_steps, timed_batch, warm_up
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Job:
     device: str
     steps: int  # timed steps per arm
     block: int  # steps per block when two arms alternate
-    warmup: int | None  # per arm; None: until steady (measure.timer)
+    warmup: int | None  # per arm; None: until steady (floorline.timing)
     seed: int  # this session's: picks the first arm; weights and tokens use `weights_seed`
     weights_seed: int = 0
     trust_remote_code: bool = False
@@ -58,14 +58,14 @@ def run_job(job: Job) -> dict:
     where not measured, with the reason), and which arm went first."""
     import torch
 
-    model = resolve_model(job.model, job.trust_remote_code)
+    model_spec = resolve_model(job.model, job.trust_remote_code)
     specs = [parse_path(a) for a in job.arms]
     rounds = -(-job.steps // (2 * job.block))
-    budget = job_budget(job, model.max_context)
+    budget = job_budget(job, model_spec.max_context)
     prompt, plan = budget.prompt, budget.plan
     with torch.no_grad():
         base = PathSpec(specs[0].base, specs[0].compile)
-        inner = open_session(base, model, job.device, prompt + budget.decode, job.weights_seed)
+        inner = open_session(base, model_spec, job.device, prompt + budget.decode, job.weights_seed)
         graphed = GraphedSession(inner) if any(s.graphs for s in specs) else None
         (graphed or inner).prefill(prompt)
         steps = [graphed.step if s.graphs else inner.step for s in specs]

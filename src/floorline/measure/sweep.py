@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from itertools import product
 
 from floorline.hardware import DeviceSpec
-from floorline.measure.cell import CellKey, CellResult
 from floorline.measure.fingerprint import environment, fingerprint_key
 from floorline.measure.runner import TIMEOUT_S, run_cell_in_child
 from floorline.models import resolve_model
 from floorline.models.zoo import DEMO_MODELS, STUDY_MODELS
 from floorline.paths import parse_path
+from floorline.records import CellKey, CellResult
 from floorline.store import Store
 
 STUDY_CONTEXTS = (2048, 4096, 8192, 16384)

@@ -53,7 +53,7 @@ class ModelSpec:
     def has_real_weights(self) -> bool:
         return self.weights_dir is not None
 
-    def without_weights(self) -> "ModelSpec":
+    def without_weights(self) -> ModelSpec:
         """The same architecture with seeded random weights."""
         return replace(self, weights_dir=None)
 
@@ -107,12 +107,13 @@ def _check_fields(data: dict, origin: str) -> None:
     if text is not None and not isinstance(text, dict):
         raise FloorlineError(f"{origin}: text_config must be an object, not {text!r}")
     for part in (data, text or {}):
-        for field in DTYPE_FIELDS:
-            dtype = part.get(field)
+        for key in DTYPE_FIELDS:
+            dtype = part.get(key)
             if dtype is None or dtype == "auto":
                 continue
-            if not (isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype)):
-                raise FloorlineError(f"{origin}: {field} {dtype!r} is not a torch dtype "
+            named = isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype)
+            if not named:
+                raise FloorlineError(f"{origin}: {key} {dtype!r} is not a torch dtype "
                                      "(such as bfloat16, float16, float32)")
 
 
@@ -221,7 +222,8 @@ def resolve_model(name_or_dir: str, trust_remote_code: bool = False) -> ModelSpe
     data = _read_config_json(config_path)
     if data.get("auto_map") and not trust_remote_code:
         raise FloorlineError(
-            f"{config_path} asks for remote model code (auto_map); pass --trust-remote-code to run it"
+            f"{config_path} asks for remote model code (auto_map); pass --trust-remote-code "
+            "to run it"
         )
     if trust_remote_code:
         from transformers import AutoConfig
@@ -241,7 +243,7 @@ def resolve_model(name_or_dir: str, trust_remote_code: bool = False) -> ModelSpe
     return ModelSpec(str(directory), config, weights, trust_remote_code)
 
 
-def build_model(spec: ModelSpec, device: str, dtype, seed: int = 0):
+def build_model(model_spec: ModelSpec, device: str, dtype, seed: int = 0):
     """The model on `device`, in eval mode: real weights from safetensors, or seeded random ones.
 
     Random weights are drawn on the target device itself (building a 7B model on the CPU first
@@ -251,22 +253,24 @@ def build_model(spec: ModelSpec, device: str, dtype, seed: int = 0):
     import torch
     from transformers import AutoModelForCausalLM
 
-    common = dict(dtype=dtype, attn_implementation="sdpa", trust_remote_code=spec.trust_remote_code)
-    if spec.has_real_weights:
-        model = AutoModelForCausalLM.from_pretrained(
-            spec.weights_dir, device_map=device, use_safetensors=True, **common
+    common = dict(dtype=dtype, attn_implementation="sdpa",
+                  trust_remote_code=model_spec.trust_remote_code)
+    if model_spec.has_real_weights:
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            model_spec.weights_dir, device_map=device, use_safetensors=True, **common
         )
     else:
         torch.manual_seed(seed)
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(spec.config, **common)
-    return model.eval().requires_grad_(False)
+            hf_model = AutoModelForCausalLM.from_config(model_spec.config, **common)
+    return hf_model.eval().requires_grad_(False)
 
 
-def cache_keyword(model) -> str:
+def cache_keyword(hf_model) -> str:
     """The name a transformers model's forward() takes the cache by: `cache` in newer
     transformers, which deprecate `past_key_values` (removed in 5.40); older ones know only
     `past_key_values`."""
     import inspect
 
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    parameters = inspect.signature(hf_model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from floorline.errors import FloorlineError
-from floorline.paths.base import (
-    OPTIONS, GraphedSession, Path, PathSpec, PathUnavailable, Session, compile_mode,
-)
 from floorline.paths.awq_marlin import AwqMarlinPath
+from floorline.paths.base import (
+    OPTIONS,
+    DecodePath,
+    GraphedSession,
+    PathSpec,
+    PathUnavailable,
+    Session,
+    compile_mode,
+)
 from floorline.paths.bnb import BnbPath
 from floorline.paths.engine import EnginePath
 from floorline.paths.exllamav2 import ExllamaV2Path
@@ -14,7 +20,7 @@ from floorline.paths.hf import HFPath
 from floorline.paths.llamacpp import LlamaCppPath
 from floorline.paths.torchao import TorchaoInt4Path
 
-REGISTRY: dict[str, Path] = {p.name: p for p in (
+REGISTRY: dict[str, DecodePath] = {p.name: p for p in (
     HFPath("dynamic"), HFPath("static"),
     BnbPath("nf4"), BnbPath("int8"), ExllamaV2Path(), AwqMarlinPath(), TorchaoInt4Path(),
     LlamaCppPath("bf16"), LlamaCppPath("q4_0"), EnginePath(), EnginePath("int4"),
@@ -36,33 +42,33 @@ def parse_path(text: str) -> PathSpec:
     return PathSpec(base, "compile" in options, "graphs" in options)
 
 
-def unavailable(spec: PathSpec, device: str) -> str | None:
-    reason = REGISTRY[spec.base].unavailable(device)
-    if reason is None and spec.graphs and not device.startswith("cuda"):
+def unavailable(path_spec: PathSpec, device: str) -> str | None:
+    reason = REGISTRY[path_spec.base].unavailable(device)
+    if reason is None and path_spec.graphs and not device.startswith("cuda"):
         reason = "+graphs needs a CUDA device"
     return reason
 
 
-def require_available(spec: PathSpec, device: str) -> None:
+def require_available(path_spec: PathSpec, device: str) -> None:
     """For commands that run one path directly: a path that cannot run is a user error."""
-    reason = unavailable(spec, device)
+    reason = unavailable(path_spec, device)
     if reason:
-        raise FloorlineError(f"path {spec.name} cannot run here: {reason}")
+        raise FloorlineError(f"path {path_spec.name} cannot run here: {reason}")
 
 
-def open_session(spec: PathSpec, model, device: str, capacity: int, seed: int) -> Session:
-    session = REGISTRY[spec.base].open(model, device, capacity, seed)
+def open_session(path_spec: PathSpec, model_spec, device: str, capacity: int, seed: int) -> Session:
+    session = REGISTRY[path_spec.base].open(model_spec, device, capacity, seed)
     try:
-        if (spec.compile or spec.graphs) and session.not_static:
-            raise PathUnavailable(f"{spec.base} cannot be compiled or captured in a CUDA graph "
-                                  f"here: {session.not_static}")
-        if spec.compile:
+        if (path_spec.compile or path_spec.graphs) and session.not_static_reason:
+            raise PathUnavailable(f"{path_spec.base} cannot be compiled or captured in a CUDA "
+                                  f"graph here: {session.not_static_reason}")
+        if path_spec.compile:
             session.compile(compile_mode(device))
-        return GraphedSession(session) if spec.graphs else session
+        return GraphedSession(session) if path_spec.graphs else session
     except BaseException:
         session.close()
         raise
 
 
-__all__ = ["REGISTRY", "Path", "PathSpec", "PathUnavailable", "Session", "open_session",
+__all__ = ["REGISTRY", "DecodePath", "PathSpec", "PathUnavailable", "Session", "open_session",
            "parse_path", "require_available", "unavailable"]

@@ -19,6 +19,7 @@ from functools import cache
 from floorline.errors import FloorlineError
 from floorline.layouts import awq
 from floorline.layouts.int4 import pack_int4, unpack_int4
+from floorline.paths.base import PathFacts
 from floorline.paths.quantised import PackedHFPath
 
 LIBRARY_VARIABLE = "FLOORLINE_MARLIN_LIB"
@@ -72,7 +73,8 @@ def marlin_linear():
             self.zeros = marlin_zero_points(zeros)
             self.bias_fp16 = None if bias is None else bias.to(device, torch.float16)
             self.empty = torch.empty(0, dtype=torch.int32, device=device)  # no act-order
-            self.workspace = torch.zeros(n // MIN_N * MAX_PARALLEL, dtype=torch.int32, device=device)
+            self.workspace = torch.zeros(n // MIN_N * MAX_PARALLEL, dtype=torch.int32,
+                                         device=device)
 
         def forward(self, x):
             rows = x.reshape(-1, self.in_features).to(torch.float16).contiguous()
@@ -87,11 +89,14 @@ def marlin_linear():
 
 
 class AwqMarlinPath(PackedHFPath):
-    name = "awq-marlin"
-    weight_format = "awq-int4-g128"
-    module = None  # no pip package: the kernels are floorline's own build
+    # No library: the kernels are floorline's own build (unavailable() says how to make it).
+    FACTS = PathFacts("awq-marlin", "awq-int4-g128", "fp16", reference="hf-static",
+                      dtype="float16", cuda_only=True)
     layout = awq
     quant_method = "awq"
+
+    def __init__(self):
+        super().__init__(self.FACTS)
 
     def unavailable(self, device: str) -> str | None:
         if not device.startswith("cuda"):

@@ -1,8 +1,10 @@
 """The one contract every path implements, and the options (+compile, +graphs) any path gets.
 
-    session = path.open(model, device, capacity)   # build or load weights, allocate the cache
-    session.prefill(ctx)                            # fill the KV cache with ctx tokens
-    session.step()                                  # one new token; nothing for the timer to wait on
+    session = path.open(model_spec, device, capacity)  # build or load weights, allocate
+                                                       # the cache
+    session.prefill(ctx)                               # fill the KV cache with ctx tokens
+    session.step()                                     # one new token; nothing for the
+                                                       # timer to wait on
     session.close()
 """
 
@@ -26,7 +28,7 @@ class Session(ABC):
     # None when step() reads and writes only fixed buffers of fixed shape and keeps no state on
     # the host, so that it can be compiled without recompiling and captured once in a CUDA
     # graph; otherwise why not.
-    not_static: str | None = "its step is not known to be static"
+    not_static_reason: str | None = "its step is not known to be static"
 
     @abstractmethod
     def prefill(self, ctx: int) -> None: ...
@@ -45,13 +47,49 @@ class Session(ABC):
         return {}
 
 
-class Path(ABC):
+@dataclass(frozen=True)
+class Library:
+    """The library a path runs on: what is imported (None: no pip package), what pip installs,
+    and floorline's optional extra that installs it."""
+    module: str | None
+    distribution: str
+    extra: str
+
+
+@dataclass(frozen=True)
+class PathFacts:
+    """What a path is, declared in one place for each path."""
     name: str
-    weight_format = "bf16"
-    kv_dtype = "bf16"
+    weight_format: str = "bf16"  # the floor's weight format (traffic.WEIGHT_FORMATS)
+    kv_dtype: str = "bf16"  # the floor's KV cache format
     # The 16-bit path of the same runtime that a quantised path's realised reduction is
     # measured against (same options); None for 16-bit paths.
     reference: str | None = None
+    dtype: str | None = None  # transformers paths: the torch dtype the model runs in
+    library: Library | None = None
+    cuda_only: bool = False  # the library's kernels for this format run on CUDA only
+
+
+class DecodePath(ABC):
+    """A path: one way of running a model's decode step (a runtime, its weight and KV formats)."""
+
+    facts: PathFacts
+
+    @property
+    def name(self) -> str:
+        return self.facts.name
+
+    @property
+    def weight_format(self) -> str:
+        return self.facts.weight_format
+
+    @property
+    def kv_dtype(self) -> str:
+        return self.facts.kv_dtype
+
+    @property
+    def reference(self) -> str | None:
+        return self.facts.reference
 
     def unavailable(self, device: str) -> str | None:
         """Why this path cannot run on `device`, or None."""
@@ -61,18 +99,18 @@ class Path(ABC):
         """Versions of the libraries this path runs on, beyond the fingerprint's."""
         return {}
 
-    def real_weights(self, model) -> bool:
-        """Whether a cell of `model` runs a checkpoint's weights rather than random ones."""
-        return model.has_real_weights
+    def real_weights(self, model_spec) -> bool:
+        """Whether a cell of `model_spec` runs a checkpoint's weights rather than random ones."""
+        return model_spec.has_real_weights
 
     @abstractmethod
-    def open(self, model, device: str, capacity: int, seed: int) -> Session: ...
+    def open(self, model_spec, device: str, capacity: int, seed: int) -> Session: ...
 
 
 class GraphedSession(Session):
     """Captures the inner session's step once, after prefill, and replays it."""
 
-    not_static = None
+    not_static_reason = None
 
     def __init__(self, inner: Session):
         self.inner = inner

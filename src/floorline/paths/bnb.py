@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+from floorline.paths.base import Library, PathFacts
 from floorline.paths.quantised import QuantisingHFPath, replace_linears
 
 # On a CPU with AVX512-BF16, importing bitsandbytes logs that it could not fetch an optional
@@ -14,14 +15,17 @@ logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
     lambda record: not record.getMessage().startswith("Failed to load CPU gemm_4bit_forward"))
 
 
+BITSANDBYTES = Library("bitsandbytes", "bitsandbytes", "bnb")
+
+
 class BnbPath(QuantisingHFPath):
-    module = distribution = "bitsandbytes"
-    extra = "bnb"
+    FACTS = {kind: PathFacts(f"bnb-{kind}", weight_format, reference="hf-static", dtype="bfloat16",
+                             library=BITSANDBYTES)
+             for kind, weight_format in (("nf4", "nf4"), ("int8", "bnb-int8"))}
 
     def __init__(self, kind: str):
+        super().__init__(self.FACTS[kind])
         self.kind = kind
-        self.name = f"bnb-{kind}"
-        self.weight_format = {"nf4": "nf4", "int8": "bnb-int8"}[kind]
 
     def quantise(self, hf_model, device: str) -> None:
         import bitsandbytes as bnb
@@ -35,7 +39,8 @@ class BnbPath(QuantisingHFPath):
                 q.weight = bnb.nn.Params4bit(linear.weight.data, requires_grad=False, blocksize=64,
                                              compress_statistics=False, quant_type="nf4").to(device)
             else:
-                q = bnb.nn.Linear8bitLt(*shape, has_fp16_weights=False, threshold=6.0, device="meta")
+                q = bnb.nn.Linear8bitLt(*shape, has_fp16_weights=False, threshold=6.0,
+                                        device="meta")
                 q.weight = bnb.nn.Int8Params(linear.weight.data, requires_grad=False,
                                              has_fp16_weights=False).to(device)
             if linear.bias is not None:

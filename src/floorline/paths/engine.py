@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import time
 
-from floorline.paths.base import Path, PathUnavailable, Session
+from floorline.paths.base import DecodePath, PathFacts, PathUnavailable, Session
 from floorline.traffic import engine_kv_format, engine_weight_format
 
 
 class EngineSession(Session):
-    not_static = ("the engine captures its own step in one CUDA graph, and its kernels are "
-                  "Triton's, not torch.compile's")
+    not_static_reason = ("the engine captures its own step in one CUDA graph, and its kernels "
+                         "are Triton's, not torch.compile's")
 
     def __init__(self, engine, device: str, seed: int):
         self.engine, self.device, self.seed = engine, device, seed
@@ -55,15 +55,17 @@ class EngineSession(Session):
             torch.cuda.empty_cache()
 
 
-class EnginePath(Path):
+class EnginePath(DecodePath):
     def __init__(self, weights: str = "bf16", head: str = "bf16", kv: str = "bf16"):
         self.weights, self.head, self.kv = weights, head, kv
-        self.name = "engine" + ("" if weights == "bf16" else f"-{weights}") + \
-            ("-fp8head" if head == "fp8" else "") + ("-kvfp8" if kv == "fp8" else "")
-        if weights != "bf16" or head != "bf16" or kv != "bf16":
-            self.reference = "engine"
-            self.weight_format = engine_weight_format(weights, head)
-            self.kv_dtype = engine_kv_format(kv)
+        # The name and the floor's formats follow from the engine's own formats; a quantised
+        # engine is measured against the 16-bit one.
+        quantised = (weights, head, kv) != ("bf16", "bf16", "bf16")
+        self.facts = PathFacts(
+            "engine" + ("" if weights == "bf16" else f"-{weights}")
+            + ("-fp8head" if head == "fp8" else "") + ("-kvfp8" if kv == "fp8" else ""),
+            engine_weight_format(weights, head), engine_kv_format(kv),
+            reference="engine" if quantised else None)
 
     def unavailable(self, device: str) -> str | None:
         if device.startswith("cuda"):
@@ -85,12 +87,14 @@ class EnginePath(Path):
             return {}
         return {"triton": triton.__version__}
 
-    def open(self, model, device: str, capacity: int, seed: int) -> Session:
+    def open(self, model_spec, device: str, capacity: int, seed: int) -> Session:
+        # The engine loads torch and Triton: imported when a session opens, so that listing
+        # or parsing paths stays light.
         from floorline.engine import Engine
         from floorline.engine.model import EngineUnsupported
 
         try:
-            engine = Engine(model, device, capacity, seed=seed, weights=self.weights,
+            engine = Engine(model_spec, device, capacity, seed=seed, weights=self.weights,
                             head=self.head, kv=self.kv)
         except EngineUnsupported as e:
             raise PathUnavailable(str(e)) from None

@@ -13,6 +13,7 @@ from functools import cache
 
 from floorline.errors import FloorlineError
 from floorline.layouts import gptq
+from floorline.paths.base import Library, PathFacts
 from floorline.paths.quantised import PackedHFPath
 
 
@@ -20,7 +21,6 @@ from floorline.paths.quantised import PackedHFPath
 def exllamav2_linear():
     """The module class, made on first use: importing exllamav2 builds its extension."""
     import torch
-
     from exllamav2.ext import exllamav2_ext as ext  # builds the extension at first import
 
     none = torch.empty((1, 1), device="meta")
@@ -49,7 +49,8 @@ def exllamav2_linear():
 
         def forward(self, x):
             rows = x.reshape(-1, self.in_features)
-            out = torch.empty(rows.shape[0], self.out_features, dtype=torch.float16, device=x.device)
+            out = torch.empty(rows.shape[0], self.out_features, dtype=torch.float16,
+                              device=x.device)
             ext.gemm_half_q_half(rows.to(torch.float16).contiguous(), self.handle, out, False)
             return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
@@ -57,12 +58,14 @@ def exllamav2_linear():
 
 
 class ExllamaV2Path(PackedHFPath):
-    name = "gptq-exllamav2"
-    weight_format = "gptq-int4-g128"
-    module = distribution = "exllamav2"
-    extra = "exllamav2"
+    FACTS = PathFacts("gptq-exllamav2", "gptq-int4-g128", "fp16", reference="hf-static",
+                      dtype="float16", library=Library("exllamav2", "exllamav2", "exllamav2"),
+                      cuda_only=True)
     layout = gptq
     quant_method = "gptq"
+
+    def __init__(self):
+        super().__init__(self.FACTS)
 
     def check_checkpoint(self, qc: dict, name: str) -> None:
         super().check_checkpoint(qc, name)

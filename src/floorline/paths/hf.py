@@ -4,26 +4,26 @@ from __future__ import annotations
 
 import gc
 
-from floorline.models import cache_keyword
-from floorline.paths.base import Path, Session
+from floorline.models import build_model, cache_keyword
+from floorline.paths.base import DecodePath, PathFacts, Session
 from floorline.traffic import kv_layout
 
 
 class HFSession(Session):
-    def __init__(self, model, cache, device: str, seed: int, not_static: str | None):
-        self.model, self.cache, self.device, self.seed = model, cache, device, seed
-        self.not_static = not_static
-        self.forward = model.forward
-        self.cache_keyword = cache_keyword(model)
+    def __init__(self, hf_model, cache, device: str, seed: int, not_static_reason: str | None):
+        self.hf_model, self.cache, self.device, self.seed = hf_model, cache, device, seed
+        self.not_static_reason = not_static_reason
+        self.forward = hf_model.forward
+        self.cache_keyword = cache_keyword(hf_model)
         self._recompile_guard = None
 
     def prefill(self, ctx: int) -> None:
         import torch
 
-        vocab = self.model.config.get_text_config().vocab_size
+        vocab = self.hf_model.config.get_text_config().vocab_size
         tokens = torch.randint(vocab, (1, ctx), generator=torch.Generator().manual_seed(self.seed))
         tokens = tokens.to(self.device)
-        out = self.model(input_ids=tokens, **{self.cache_keyword: self.cache}, use_cache=True,
+        out = self.hf_model(input_ids=tokens, **{self.cache_keyword: self.cache}, use_cache=True,
                          cache_position=torch.arange(ctx, device=self.device), logits_to_keep=1)
         # The step's only inputs and outputs: fixed buffers, updated in place.
         self.token = out.logits[:, -1:].argmax(-1)
@@ -39,7 +39,8 @@ class HFSession(Session):
     def compile(self, mode: str) -> None:
         import torch
 
-        self.forward = torch.compile(self.model.forward, mode=mode, fullgraph=True, dynamic=False)
+        self.forward = torch.compile(self.hf_model.forward, mode=mode, fullgraph=True,
+                                     dynamic=False)
         # A recompile would silently run a different program than the one named: make it fail.
         self._recompile_guard = torch._dynamo.config.patch(error_on_recompile=True)
         self._recompile_guard.__enter__()
@@ -50,39 +51,38 @@ class HFSession(Session):
         if self._recompile_guard is not None:
             self._recompile_guard.__exit__(None, None, None)
             torch._dynamo.reset()
-        self.model = self.cache = self.forward = self.token = self.position = None
+        self.hf_model = self.cache = self.forward = self.token = self.position = None
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
 
-class HFPath(Path):
-    dtype_name = "bfloat16"
+class HFPath(DecodePath):
+    FACTS = {"dynamic": PathFacts("hf-eager", dtype="bfloat16"),
+             "static": PathFacts("hf-static", dtype="bfloat16")}
 
     def __init__(self, cache: str):
         self.cache_kind = cache
-        self.name = {"dynamic": "hf-eager", "static": "hf-static"}[cache]
+        self.facts = self.FACTS[cache]
 
-    def build(self, model, device: str, seed: int):
+    def build(self, model_spec, device: str, seed: int):
         """The transformers model this path decodes with."""
         import torch
 
-        from floorline.models import build_model
+        return build_model(model_spec, device, getattr(torch, self.facts.dtype), seed)
 
-        return build_model(model, device, getattr(torch, self.dtype_name), seed)
-
-    def open(self, model, device: str, capacity: int, seed: int) -> Session:
+    def open(self, model_spec, device: str, capacity: int, seed: int) -> Session:
         from transformers import DynamicCache, StaticCache
 
-        hf_model = self.build(model, device, seed)
+        hf_model = self.build(model_spec, device, seed)
         if self.cache_kind == "dynamic":
             cache = DynamicCache(config=hf_model.config)
             return HFSession(hf_model, cache, device, seed,
                              "DynamicCache grows its tensors by one token every step")
         cache = StaticCache(config=hf_model.config, max_cache_len=capacity)
         _, windows = kv_layout(hf_model.config)
-        not_static = None
+        not_static_reason = None
         if any(w is not None for w in windows):
-            not_static = ("transformers' static sliding-window layers count tokens in a Python "
-                          "int, which a graph or a compiled step would freeze")
-        return HFSession(hf_model, cache, device, seed, not_static)
+            not_static_reason = ("transformers' static sliding-window layers count tokens in a "
+                                 "Python int, which a graph or a compiled step would freeze")
+        return HFSession(hf_model, cache, device, seed, not_static_reason)

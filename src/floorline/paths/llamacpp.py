@@ -2,12 +2,12 @@
 
 A local directory holding config.json and one .gguf file is loaded as it is; otherwise the
 model's config is written once as a GGUF of seeded random weights (layouts/gguf.py) into the
-cache directory (FLOORLINE_CACHE, default ~/.cache/floorline) and reused. Every layer is on the GPU, the KV
-cache in f16, flash attention as llama.cpp decides (auto). A step is one llama_decode of one
-token, llama_synchronize, and greedy argmax over the logits on the host: llama.cpp's own step,
-synchronous, so the timer's events bracket all of it. llama.cpp replays its own CUDA graphs
-inside llama_decode, so floorline's +graphs and +compile do not apply. A llama.cpp that dies
-loading the file takes only its cell's process with it (measure/runner.py).
+cache directory (FLOORLINE_CACHE, default ~/.cache/floorline) and reused. Every layer is on
+the GPU, the KV cache in f16, flash attention as llama.cpp decides (auto). A step is one
+llama_decode of one token, llama_synchronize, and greedy argmax over the logits on the host:
+llama.cpp's own step, synchronous, so the timer's events bracket all of it. llama.cpp replays
+its own CUDA graphs inside llama_decode, so floorline's +graphs and +compile do not apply. A
+llama.cpp that dies loading the file takes only its cell's process with it (measure/runner.py).
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import ctypes
 import glob
 import os
 import sys
-from pathlib import Path as FilePath
+from pathlib import Path
 
 from floorline.errors import FloorlineError
+from floorline.layouts.gguf import WRITER_VERSION, file_type, write_random_gguf
 from floorline.localcache import cache_dir
-from floorline.paths.base import Path, Session
+from floorline.paths.base import DecodePath, Library, PathFacts, Session
 from floorline.paths.quantised import library_missing, library_version
 
 N_BATCH = 2048  # prefill tokens per llama_decode call, llama.cpp's default
@@ -34,7 +35,8 @@ def load_llama_cpp(device: str):
     global _log_callback
     if device.startswith("cuda") and "llama_cpp" not in sys.modules:
         for name in ("libcudart.so.1[0-9]", "libcublasLt.so.1[0-9]", "libcublas.so.1[0-9]"):
-            found = [f for p in sys.path for f in glob.glob(os.path.join(p, "nvidia", "*", "lib", name))]
+            found = [f for p in sys.path
+                     for f in glob.glob(os.path.join(p, "nvidia", "*", "lib", name))]
             if found:
                 ctypes.CDLL(found[0], mode=ctypes.RTLD_GLOBAL)
     import llama_cpp
@@ -47,15 +49,13 @@ def load_llama_cpp(device: str):
     return llama_cpp
 
 
-def gguf_file(model, fmt: str, seed: int) -> FilePath:
+def gguf_file(model_spec, fmt: str, seed: int) -> Path:
     """The GGUF this cell runs: the one .gguf file of a model directory, loaded as it is (its
     file type must be the path's); else seeded random weights of the model's config, written
     once into the cache."""
     import hashlib
 
-    from floorline.layouts.gguf import WRITER_VERSION, file_type, write_random_gguf
-
-    directory = FilePath(model.name)
+    directory = Path(model_spec.name)
     found = sorted(directory.glob("*.gguf")) if directory.is_dir() else []
     if len(found) > 1:
         raise FloorlineError(f"{directory} holds {len(found)} .gguf files; keep one")
@@ -65,18 +65,18 @@ def gguf_file(model, fmt: str, seed: int) -> FilePath:
             advice = f"run it as llamacpp-{held}" if held else "floorline has no floor for its type"
             raise FloorlineError(f"{found[0]} is not a {fmt} GGUF: {advice}")
         return found[0]
-    if model.has_real_weights:
+    if model_spec.has_real_weights:
         raise FloorlineError(f"{directory} holds safetensors but no .gguf: convert it with "
                              "llama.cpp's convert_hf_to_gguf.py (random weights are drawn only "
                              "for a config alone)")
-    config = model.config.to_json_string(use_diff=False)
+    config = model_spec.config.to_json_string(use_diff=False)
     key = hashlib.sha256(f"{WRITER_VERSION} {config}".encode()).hexdigest()[:16]
     path = cache_dir() / "gguf" / f"{directory.name}-{key}-{fmt}-seed{seed}.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
         try:
-            write_random_gguf(model.config, partial, fmt, seed)
+            write_random_gguf(model_spec.config, partial, fmt, seed)
         except BaseException:
             partial.unlink(missing_ok=True)  # several GB that no later run can use
             raise
@@ -92,26 +92,26 @@ def model_params(L, device: str):
 
 
 class LlamaCppSession(Session):
-    not_static = ("llama.cpp replays its own CUDA graphs inside llama_decode; floorline cannot "
-                  "capture or compile its step")
+    not_static_reason = ("llama.cpp replays its own CUDA graphs inside llama_decode; floorline "
+                         "cannot capture or compile its step")
 
-    def __init__(self, L, file: FilePath, device: str, capacity: int, seed: int):
+    def __init__(self, L, file: Path, device: str, capacity: int, seed: int):
         import numpy as np
 
         self.L, self.seed = L, seed
-        self.model = L.llama_model_load_from_file(str(file).encode(), model_params(L, device))
-        if not self.model:
+        self.llama_model = L.llama_model_load_from_file(str(file).encode(), model_params(L, device))
+        if not self.llama_model:
             raise FloorlineError(f"llama.cpp could not load {file}")
         cp = L.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = capacity, N_BATCH, 512, 1
         cp.type_k = cp.type_v = 1  # GGML_TYPE_F16
         cp.no_perf = True
-        self.ctx = L.llama_init_from_model(self.model, cp)
+        self.ctx = L.llama_init_from_model(self.llama_model, cp)
         if not self.ctx:
-            L.llama_model_free(self.model)
+            L.llama_model_free(self.llama_model)
             raise FloorlineError("llama.cpp could not create a context of "
                                  f"{capacity} tokens for {file}")
-        self.vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        self.vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.llama_model))
         self.batch = L.llama_batch_init(N_BATCH, 0, 1)
         self.tokens = np.ctypeslib.as_array(self.batch.token, shape=(N_BATCH,))
         self.positions = np.ctypeslib.as_array(self.batch.pos, shape=(N_BATCH,))
@@ -137,7 +137,8 @@ class LlamaCppSession(Session):
             raise RuntimeError(f"llama_decode returned {code} at position {self.position}")
         self.position += n
         self.L.llama_synchronize(self.ctx)
-        logits = np.ctypeslib.as_array(self.L.llama_get_logits_ith(self.ctx, n - 1), shape=(self.vocab,))
+        logits = np.ctypeslib.as_array(self.L.llama_get_logits_ith(self.ctx, n - 1),
+                                       shape=(self.vocab,))
         return int(logits.argmax())
 
     def prefill(self, ctx: int) -> None:
@@ -155,36 +156,39 @@ class LlamaCppSession(Session):
             self.L.llama_batch_free(self.batch)
         if self.ctx:
             self.L.llama_free(self.ctx)
-        if self.model:
-            self.L.llama_model_free(self.model)
-        self.batch = self.ctx = self.model = None
+        if self.llama_model:
+            self.L.llama_model_free(self.llama_model)
+        self.batch = self.ctx = self.llama_model = None
 
 
-class LlamaCppPath(Path):
-    kv_dtype = "fp16"
-    module, distribution, extra = "llama_cpp", "llama-cpp-python", "llamacpp"
+LLAMA_CPP = Library("llama_cpp", "llama-cpp-python", "llamacpp")
+
+
+class LlamaCppPath(DecodePath):
+    FACTS = {"bf16": PathFacts("llamacpp-bf16", "gguf-bf16", "fp16", library=LLAMA_CPP),
+             "q4_0": PathFacts("llamacpp-q4_0", "gguf-q4_0", "fp16", reference="llamacpp-bf16",
+                               library=LLAMA_CPP)}
 
     def __init__(self, fmt: str):
         self.fmt = fmt
-        self.name = f"llamacpp-{fmt}"
-        self.weight_format = f"gguf-{fmt}"
-        self.reference = None if fmt == "bf16" else "llamacpp-bf16"
+        self.facts = self.FACTS[fmt]
 
     def unavailable(self, device: str) -> str | None:
-        return (library_missing(self.module, self.distribution, self.extra)
-                or library_missing("gguf", "gguf", self.extra))
+        lib = self.facts.library
+        return (library_missing(lib.module, lib.distribution, lib.extra)
+                or library_missing("gguf", "gguf", lib.extra))
 
     def versions(self) -> dict:
-        return {self.distribution: library_version(self.distribution),
-                "gguf": library_version("gguf")}
+        distribution = self.facts.library.distribution
+        return {distribution: library_version(distribution), "gguf": library_version("gguf")}
 
-    def real_weights(self, model) -> bool:
-        directory = FilePath(model.name)
+    def real_weights(self, model_spec) -> bool:
+        directory = Path(model_spec.name)
         return directory.is_dir() and any(directory.glob("*.gguf"))
 
-    def open(self, model, device: str, capacity: int, seed: int) -> Session:
+    def open(self, model_spec, device: str, capacity: int, seed: int) -> Session:
         L = load_llama_cpp(device)
         if device.startswith("cuda") and not L.llama_supports_gpu_offload():
             raise FloorlineError("this llama-cpp-python was built without GPU support; rebuild it "
                                  "with CMAKE_ARGS=-DGGML_CUDA=on")
-        return LlamaCppSession(L, gguf_file(model, self.fmt, seed), device, capacity, seed)
+        return LlamaCppSession(L, gguf_file(model_spec, self.fmt, seed), device, capacity, seed)

@@ -14,7 +14,9 @@ import importlib.util
 from abc import abstractmethod
 
 from floorline.errors import FloorlineError
+from floorline.models import build_model
 from floorline.models.zoo import quantisation_config as model_quantisation
+from floorline.paths.base import PathFacts
 from floorline.paths.hf import HFPath
 
 
@@ -32,57 +34,55 @@ def library_version(distribution: str) -> str | None:
         return None
 
 
-def replace_linears(model, make) -> int:
+def replace_linears(hf_model, make) -> int:
     """Replaces every nn.Linear of the decoder (not the LM head) by `make(name, linear)`, one at
     a time so that the 16-bit copy of each is freed as its replacement is made."""
     import torch
 
-    head = model.get_output_embeddings()
-    targets = [(name, module) for name, module in model.named_modules()
+    head = hf_model.get_output_embeddings()
+    targets = [(name, module) for name, module in hf_model.named_modules()
                if isinstance(module, torch.nn.Linear) and module is not head]
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
+        parent = hf_model.get_submodule(parent_name) if parent_name else hf_model
         setattr(parent, child, make(name, linear))
     return len(targets)
 
 
-def quantisation_config(spec) -> dict | None:
-    return model_quantisation(spec.config)
+def quantisation_config(model_spec) -> dict | None:
+    return model_quantisation(model_spec.config)
 
 
 class QuantisedHFPath(HFPath):
-    module: str | None  # what is imported (None: no pip package)
-    distribution: str  # what pip installs
-    extra: str  # floorline's optional extra that installs it
-    cuda_only = False
+    """A transformers path on a static cache whose linears run a library's quantised kernels."""
 
     cache_kind = "static"
-    reference = "hf-static"
 
-    def __init__(self):  # the name is the class's, not hf-static's
-        pass
+    def __init__(self, facts: PathFacts):
+        self.facts = facts
 
     def unavailable(self, device: str) -> str | None:
-        missing = self.module and library_missing(self.module, self.distribution, self.extra)
+        lib = self.facts.library
+        missing = lib.module and library_missing(lib.module, lib.distribution, lib.extra)
         if missing:
             return missing
-        if self.cuda_only and not device.startswith("cuda"):
-            return f"{self.distribution}'s kernels for this format run on CUDA only"
+        if self.facts.cuda_only and not device.startswith("cuda"):
+            return f"{lib.distribution}'s kernels for this format run on CUDA only"
         return None
 
     def versions(self) -> dict:
-        return {self.distribution: library_version(self.distribution)}
+        distribution = self.facts.library.distribution
+        return {distribution: library_version(distribution)}
 
 
 class QuantisingHFPath(QuantisedHFPath):
     """16-bit weights (random or a checkpoint's) quantised by the library's own quantiser."""
 
-    def build(self, model, device: str, seed: int):
-        if quantisation_config(model) is not None:
-            raise FloorlineError(f"{model.name} is a pre-quantised checkpoint; {self.name} "
+    def build(self, model_spec, device: str, seed: int):
+        if quantisation_config(model_spec) is not None:
+            raise FloorlineError(f"{model_spec.name} is a pre-quantised checkpoint; {self.name} "
                                  "quantises 16-bit weights itself")
-        hf_model = super().build(model, device, seed)
+        hf_model = super().build(model_spec, device, seed)
         self.quantise(hf_model, device)
         return hf_model
 
@@ -96,9 +96,6 @@ class PackedHFPath(QuantisedHFPath):
     directly in the layout, or a local checkpoint of that format loaded as it is. The model runs
     in fp16, as these checkpoints ship."""
 
-    dtype_name = "float16"
-    kv_dtype = "fp16"
-    cuda_only = True
     layout = None  # floorline.layouts.gptq or .awq
     quant_method: str  # quantization_config.quant_method of the checkpoints
     group_size = 128
@@ -115,22 +112,21 @@ class PackedHFPath(QuantisedHFPath):
                 f"{name} is not a {self.quant_method} int4 group-{self.group_size} checkpoint "
                 f"(quantization_config: {qc})")
 
-    def build(self, model, device: str, seed: int):
+    def build(self, model_spec, device: str, seed: int):
         import torch
 
-        from floorline.models import build_model
-
-        qc = quantisation_config(model)
-        if model.has_real_weights and qc is None:
-            raise FloorlineError(f"{model.name} holds 16-bit weights; {self.name} runs "
+        qc = quantisation_config(model_spec)
+        if model_spec.has_real_weights and qc is None:
+            raise FloorlineError(f"{model_spec.name} holds 16-bit weights; {self.name} runs "
                                  f"{self.quant_method} checkpoints (or random weights by name)")
         if qc is not None:
-            self.check_checkpoint(qc, model.name)
+            self.check_checkpoint(qc, model_spec.name)
         # The skeleton's 16-bit weights are random; the packed ones replace the linears, and a
         # checkpoint's own tensors replace the rest.
-        hf_model = build_model(model.without_weights(), device, torch.float16, seed)
+        hf_model = build_model(model_spec.without_weights(), device,
+                               getattr(torch, self.facts.dtype), seed)
         shared = {}
-        if not model.has_real_weights:
+        if not model_spec.has_real_weights:
             generator = torch.Generator(device).manual_seed(seed)
 
             def make(name, linear):
@@ -140,8 +136,9 @@ class PackedHFPath(QuantisedHFPath):
 
             replace_linears(hf_model, make)
             return hf_model
-        load_packed_checkpoint(hf_model, model.weights_dir, self.layout.TENSORS,
-                               lambda tensors, bias: self.make_linear(tensors, bias, device, shared),
+        load_packed_checkpoint(hf_model, model_spec.weights_dir, self.layout.TENSORS,
+                               lambda tensors, bias: self.make_linear(tensors, bias, device,
+                                                                      shared),
                                device)
         return hf_model
 

@@ -4,15 +4,16 @@ The layout needs CUDA (torch's _weight_int4pack_mm); `+compile` is what torchao 
 
 from __future__ import annotations
 
+from floorline.paths.base import Library, PathFacts
 from floorline.paths.quantised import QuantisingHFPath
 
 
 class TorchaoInt4Path(QuantisingHFPath):
-    name = "torchao-int4"
-    weight_format = "int4-g128"
-    module = distribution = "torchao"
-    extra = "torchao"
-    cuda_only = True
+    FACTS = PathFacts("torchao-int4", "int4-g128", reference="hf-static", dtype="bfloat16",
+                      library=Library("torchao", "torchao", "torchao"), cuda_only=True)
+
+    def __init__(self):
+        super().__init__(self.FACTS)
 
     def quantise(self, hf_model, device: str) -> None:
         import torch

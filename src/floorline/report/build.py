@@ -9,11 +9,14 @@ import io
 import re
 from pathlib import Path
 
-from floorline.errors import FloorlineError
+from floorline import stats
+from floorline.forecast.accuracy import coverage, leave_one_out
+from floorline.forecast.calibration import from_rows
+from floorline.forecast.published import study_check
 from floorline.report import figures
 from floorline.report.headline import headline
 from floorline.store import Store
-from floorline import stats
+from floorline.study import study
 
 FIGURES = (
     ("headline", "Every path against the memory floor", "runs", headline),
@@ -23,12 +26,14 @@ FIGURES = (
     ("ab", "A/B experiments with 95% intervals, the study's beside", "ab", figures.ab_forest),
     ("quantised", "Quantised paths against their own floor and their 16-bit reference", "cells",
      figures.quantised),
-    ("decomposition", "Where each millisecond of a step goes", "explanations", figures.decomposition),
+    ("decomposition", "Where each millisecond of a step goes", "explanations",
+     figures.decomposition),
     ("energy", "Energy per token against time per token, per path", "cells",
      figures.energy_vs_time),
 )
 
-SOURCE_NAMES = {"runs": "cells", "cells": "cells", "ab": "A/B experiments", "explanations": "explanations"}
+SOURCE_NAMES = {"runs": "cells", "cells": "cells", "ab": "A/B experiments",
+                "explanations": "explanations"}
 
 # How to read a figure, where it is not plain from its axes.
 NOTES = {
@@ -54,7 +59,8 @@ EMPTY = {
         "forecast from valid cells of the same paths on a GPU of the catalogue, and this "
         "database holds none. `floorline sweep --paths hf-eager` on a GPU fills it."),
     "A/B experiments": "This database holds no A/B experiment: `floorline ab` runs one.",
-    "Environments": "There are no cells, so no environments: `floorline sweep` records each cell's.",
+    "Environments": ("There are no cells, so no environments: `floorline sweep` records each "
+                     "cell's."),
 }
 
 
@@ -80,7 +86,8 @@ def _table(header: list[str], rows: list[list], percent: tuple[str, ...] = ()) -
     """The same table as HTML and as Markdown; columns named in `percent` hold fractions."""
     cells = [[_fmt(v, h in percent) for h, v in zip(header, row)] for row in rows]
     h = ("<table><tr>" + "".join(f"<th>{html.escape(x)}</th>" for x in header) + "</tr>"
-         + "".join("<tr>" + "".join(f"<td>{prose_html(v)}</td>" for v in r) + "</tr>" for r in cells)
+         + "".join("<tr>" + "".join(f"<td>{prose_html(v)}</td>" for v in r) + "</tr>"
+                   for r in cells)
          + "</table>")
     m = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
                   + ["| " + " | ".join(md(v) for v in r) + " |" for r in cells])
@@ -92,7 +99,8 @@ def build_report(db: Path, out: Path) -> dict:
     store = Store(db, read_only=True)
     # The headline draws every stored row (runs merged from several databases, re-measures); the
     # rest, the newest row of each cell.
-    sources = {"runs": store.rows(latest=False), "cells": store.rows(), "ab": store.ab_summaries(), "explanations": store.explanations()}
+    sources = {"runs": store.rows(latest=False), "cells": store.rows(),
+               "ab": store.ab_summaries(), "explanations": store.explanations()}
     out.mkdir(parents=True, exist_ok=True)
     html_parts, md_parts, written = [], [], {"figures": [], "missing": []}
     title = f"floorline report: {db.name}"
@@ -119,32 +127,31 @@ def build_report(db: Path, out: Path) -> dict:
             data = base64.b64encode(png.getvalue()).decode()
             # onload/onerror mark each image, so that a browser (or the test) can tell it loaded.
             html_parts.append(f"<img alt='{html.escape(caption)}' onload='this.dataset.loaded=1' "
-                              f"onerror='this.dataset.broken=1' src='data:image/png;base64,{data}'>")
+                              f"onerror='this.dataset.broken=1' "
+                              f"src='data:image/png;base64,{data}'>")
             md_parts.append(f"![{caption}]({name})")
             written["figures"].append(name)
         drawn = (f"Drawn from {SOURCE_NAMES[source]} {', '.join(map(str, ids))} of this database"
                  if ids else f"Drawn from no {SOURCE_NAMES[source]} of this database")
         if key in ("fraction", "ab", "quantised"):
-            drawn += f"; reference series from {figures.study()['provenance']}"
+            drawn += f"; reference series from {study()['provenance']}"
         html_parts.append(f"<p class='source'>{prose_html(drawn)}.</p>")
         md_parts.append(drawn + ".")
-
-    from floorline.forecast.accuracy import coverage, leave_one_out
-    from floorline.forecast.calibration import from_rows
-    from floorline.forecast.published import study_check
 
     cal = from_rows(sources["cells"], sources["explanations"], store.probes(), "cell")
     loo = leave_one_out(cal)
     forecast_rows = [[r["source"].removeprefix("cell "), r["model"], r["gpu"], r["ctx"], r["path"],
-                      r["kind"], r["measured_ms"], r["forecast_ms"], f"{r['error']:+.1%}"] for r in loo]
+                      r["kind"], r["measured_ms"], r["forecast_ms"], f"{r['error']:+.1%}"]
+                     for r in loo]
     study_rows = [[r["gpu"], r["model"], r["ctx"], r["path"], r["published_ms"], r["forecast_ms"],
-                   f"{r['error']:+.1%}"] for r in study_check(cal, figures.study(), loo)
+                   f"{r['error']:+.1%}"] for r in study_check(cal, study(), loo)
                   if r["forecast_ms"] is not None]
-    cell_rows = [[c["id"], c["model"], c["ctx"], c["path"], c["gpu"], c["status"], c["median_ms"],
-                  c["floor_ms"], c["fraction_of_floor"], c["achieved_gbps"], c["reason"]]
+    cell_rows = [[c.id, c.model, c.ctx, c.path, c.gpu, c.status, c.median_ms,
+                  c.floor_ms, c.fraction_of_floor, c.achieved_gbps, c.reason]
                  for c in sources["cells"]]
-    sections = [("Cells (the newest row of each)", ["id", "model", "ctx", "path", "gpu", "status", "ms/step", "floor ms",
-                           "of floor", "GB/s", "reason"], cell_rows)]
+    sections = [("Cells (the newest row of each)",
+                 ["id", "model", "ctx", "path", "gpu", "status", "ms/step", "floor ms", "of floor",
+                  "GB/s", "reason"], cell_rows)]
     if loo:
         parts = [f"{k}: mean absolute error {v['mae']:.1%} over {v['cells']} cells, the 90% "
                  f"interval held {v['covered']} of {v['with_interval']}"
@@ -152,15 +159,17 @@ def build_report(db: Path, out: Path) -> dict:
         text = f"Leave-one-out over {len(loo)} cells; " + "; ".join(parts) + "."
         html_parts.append(f"<h2>Forecast accuracy</h2><p>{html.escape(text)}</p>")
         md_parts.append(f"## Forecast accuracy\n\n{md(text)}")
-    sections.append(("Forecast, leave-one-out", ["cell", "model", "gpu", "ctx", "path", "kind",
-                                                 "measured ms", "forecast ms", "error"], forecast_rows))
+    sections.append(("Forecast, leave-one-out",
+                     ["cell", "model", "gpu", "ctx", "path", "kind", "measured ms", "forecast ms",
+                      "error"], forecast_rows))
     sections.append(("Forecast of the study's published cells", ["gpu", "model", "ctx", "path",
                      "published ms", "forecast ms", "error"], study_rows))
-    sections.append(("A/B experiments", ["id", "sentence"], [[e["id"], e["sentence"]] for e in sources["ab"]]))
-    fingerprints = {c["fingerprint_key"]: c["fingerprint"] for c in sources["cells"]}
-    sections.append(("Environments", ["key", "device", "driver", "cuda", "torch", "transformers", "floorline"],
-                     [[k, *(f.get(x) for x in ("device", "driver", "cuda", "torch", "transformers", "floorline"))]
-                      for k, f in fingerprints.items()]))
+    sections.append(("A/B experiments", ["id", "sentence"],
+                     [[e["id"], e["sentence"]] for e in sources["ab"]]))
+    fingerprints = {c.fingerprint_key: c.fingerprint for c in sources["cells"]}
+    env_fields = ("device", "driver", "cuda", "torch", "transformers", "floorline")
+    sections.append(("Environments", ["key", *env_fields],
+                     [[k, *(f.get(x) for x in env_fields)] for k, f in fingerprints.items()]))
     for name, header, rows in sections:
         h, m = _table(header, rows, percent=("of floor",))
         html_parts.append(f"<h2>{html.escape(name)}</h2>"
@@ -168,7 +177,8 @@ def build_report(db: Path, out: Path) -> dict:
         md_parts.append(f"## {name}\n\n" + (m if rows else f"*{EMPTY[name]}*"))
     style = ("body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}"
              "img{max-width:100%}table{border-collapse:collapse;font-size:12px}"
-             "td,th{border:1px solid #ccc;padding:2px 6px}.missing{color:#b00}code{background:#f3f3f3}.source{color:#555;font-size:12px}")
+             "td,th{border:1px solid #ccc;padding:2px 6px}.missing{color:#b00}"
+             "code{background:#f3f3f3}.source{color:#555;font-size:12px}")
     (out / "index.html").write_text(
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{style}</style></head><body>{''.join(html_parts)}</body></html>\n")

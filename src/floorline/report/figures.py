@@ -3,33 +3,28 @@ and the ids of what it was drawn from, or None with what is missing."""
 
 from __future__ import annotations
 
-import json
-from functools import cache
-from pathlib import Path
-
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, PercentFormatter  # noqa: E402
 
+from floorline.hardware import lookup  # noqa: E402
+from floorline.measure.reduction import reductions  # noqa: E402
+from floorline.models import resolve_model  # noqa: E402
 from floorline.stats import percent  # noqa: E402
+from floorline.study import study  # noqa: E402
+from floorline.traffic import WEIGHT_FORMATS, floor  # noqa: E402
 
 # Names come from paths, configs and databases: drawn as text, never parsed as math ($...$);
 # log axes are therefore labelled as plain numbers (plain() below), not as powers of ten.
 plt.rcParams["text.parse_math"] = False
 
-STUDY_FILE = Path(__file__).with_name("study.json")
 NO_CELLS = "There are no valid cells yet: `floorline sweep` measures them."
 
 
-@cache
-def study() -> dict:
-    return json.loads(STUDY_FILE.read_text())
-
-
 def _valid(cells):
-    return [c for c in cells if c["status"] == "valid"]
+    return [c for c in cells if c.status == "valid"]
 
 
 def _log_range(values):
@@ -45,22 +40,21 @@ def plain(axis) -> None:
 def fraction_vs_bandwidth(cells):
     """Fraction of the memory floor against peak bandwidth (the datasheet's, or the measured
     streaming read where a device has none, as on a CPU). Log x: bandwidths span 20 to 5000 GB/s."""
-    from floorline.hardware import lookup
-
     cells = _valid(cells)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for path in sorted({c["path"] for c in cells}):
-        pts = [c for c in cells if c["path"] == path]
-        ax.scatter([c["peak_gbps"] for c in pts], [c["fraction_of_floor"] for c in pts],
+    for path in sorted({c.path for c in cells}):
+        pts = [c for c in cells if c.path == path]
+        ax.scatter([c.peak_gbps for c in pts], [c.fraction_of_floor for c in pts],
                    label=f"floorline: {path}", alpha=0.8)
     ref = study()["fraction_of_floor"]
     ax.scatter([lookup(r["gpu"]).peak_gbps for r in ref], [r["value"] for r in ref], marker="*",
                s=200, color="black", label="study (published; every-parameter bytes)")
     for r in ref:
-        ax.annotate(f"{r['gpu']} {r['model']} ctx {r['ctx']}", (lookup(r["gpu"]).peak_gbps, r["value"]),
+        ax.annotate(f"{r['gpu']} {r['model']} ctx {r['ctx']}",
+                    (lookup(r["gpu"]).peak_gbps, r["value"]),
                     textcoords="offset points", xytext=(-8, 6), ha="right", fontsize=8)
-    peaks = [c["peak_gbps"] for c in cells] + [lookup(r["gpu"]).peak_gbps for r in ref]
-    top = max([c["fraction_of_floor"] for c in cells] + [r["value"] for r in ref] + [1.0])
+    peaks = [c.peak_gbps for c in cells] + [lookup(r["gpu"]).peak_gbps for r in ref]
+    top = max([c.fraction_of_floor for c in cells] + [r["value"] for r in ref] + [1.0])
     ax.set(xscale="log", xlabel="peak bandwidth (GB/s; datasheet, or measured where there is none)",
            ylim=(0, top * 1.05), xlim=_log_range(peaks),
            ylabel="fraction of the memory floor (floor / measured ms)",
@@ -68,7 +62,7 @@ def fraction_vs_bandwidth(cells):
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     plain(ax.xaxis)
     ax.legend(fontsize=7)
-    return fig, [c["id"] for c in cells], None if cells else NO_CELLS
+    return fig, [c.id for c in cells], None if cells else NO_CELLS
 
 
 
@@ -77,36 +71,40 @@ def ms_vs_context(cells):
     cells = _valid(cells)
     if not cells:
         return None, [], NO_CELLS
-    groups = sorted({(c["model"], c["gpu"]) for c in cells})
+    groups = sorted({(c.model, c.gpu) for c in cells})
     fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4.2), squeeze=False)
     for ax, (model, gpu) in zip(axes[0], groups):
-        mine = [c for c in cells if (c["model"], c["gpu"]) == (model, gpu)]
-        for path in sorted({c["path"] for c in mine}):
-            pts = sorted((c["ctx"], c["median_ms"], c["p10_ms"], c["p90_ms"]) for c in mine if c["path"] == path)
+        mine = [c for c in cells if (c.model, c.gpu) == (model, gpu)]
+        for path in sorted({c.path for c in mine}):
+            pts = sorted((c.ctx, c.median_ms, c.p10_ms, c.p90_ms)
+                         for c in mine if c.path == path)
             ctx, ms, lo, hi = zip(*pts)
-            ax.errorbar(ctx, ms, yerr=[[m - l for m, l in zip(ms, lo)], [h - m for m, h in zip(ms, hi)]],
+            yerr = [[m - low for m, low in zip(ms, lo)], [h - m for m, h in zip(ms, hi)]]
+            ax.errorbar(ctx, ms, yerr=yerr,
                         marker="o", capsize=3, label=path)
-        floor = sorted({(c["ctx"], c["floor_ms"]) for c in mine})
+        floor = sorted({(c.ctx, c.floor_ms) for c in mine})
         ax.plot(*zip(*floor), "k--", label="floor")
-        ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="ms/step (median, p10-p90)",
+        ax.set(xscale="log", yscale="log", xlabel="context (tokens)",
+               ylabel="ms/step (median, p10-p90)",
                title=f"{model} on {gpu}")
-        contexts = sorted({c["ctx"] for c in mine})
+        contexts = sorted({c.ctx for c in mine})
         ax.set_xticks(contexts, [str(c) for c in contexts], minor=False)
         ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         plain(ax.yaxis)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    return fig, [c["id"] for c in cells], None
+    return fig, [c.id for c in cells], None
 
 
 def ab_forest(experiments):
     """A/B speedups with their 95% intervals, the study's beside."""
-    rows = [(f"{e['b']} vs {e['a']}, {e['model']} ctx {e['ctx']}, {e['gpu']} (N={e['sessions']})",
-             e["speedup"], e["ci_low"], e["ci_high"], "floorline") for e in experiments if e["speedup"]]
-    rows += [(f"{r['b']} vs {r['a']}, ctx {r['ctx']}, {r['gpu']} (study)", r["speedup"], r["ci_low"],
-              r["ci_high"], "study") for r in study()["ab"]]
+    rows = [(f"{e['b']} vs {e['a']}, {e['model']} ctx {e['ctx']}, {e['gpu']} "
+             f"(N={e['sessions']})", e["speedup"], e["ci_low"], e["ci_high"], "floorline")
+            for e in experiments if e["speedup"]]
+    rows += [(f"{r['b']} vs {r['a']}, ctx {r['ctx']}, {r['gpu']} (study)", r["speedup"],
+              r["ci_low"], r["ci_high"], "study") for r in study()["ab"]]
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.5))
-    for y, (label, s, lo, hi, who) in enumerate(rows):
+    for y, (_label, s, lo, hi, who) in enumerate(rows):
         color = "black" if who == "study" else "tab:blue"
         if lo is not None:
             ax.errorbar([s], [y], xerr=[[s - lo], [hi - s]], fmt="o", color=color, capsize=4)
@@ -127,24 +125,20 @@ def quantised(cells):
     """Quantised paths: ms/step as bars on a linear axis, each with its own floor and its 16-bit
     reference (the same runtime and options on 16-bit weights) as marks, the study's L4 cells
     beside."""
-    from floorline.hardware import lookup
-    from floorline.measure.reduction import reductions
-    from floorline.models import resolve_model
-    from floorline.traffic import WEIGHT_FORMATS, floor
-
-    quant = [c for c in _valid(cells) if WEIGHT_FORMATS[c["weight_format"]].bits < 16]
-    by_id = {c["id"]: c for c in cells}
+    quant = [c for c in _valid(cells) if WEIGHT_FORMATS[c.weight_format].bits < 16]
+    by_id = {c.id: c for c in cells}
     reduced = reductions(cells)
     ref = study()["quantised_ms"]
     # The study names Qwen2.5-7B as its model; its quantised cells are taken to be that model.
-    spec, l4 = resolve_model("qwen2.5-7b"), lookup("l4")
+    model_spec, l4 = resolve_model("qwen2.5-7b"), lookup("l4")
     labels = [f"study, L4: {r['path']}" for r in ref] + [
-        f"{c['model']} {c['gpu']} ctx {c['ctx']}: {c['path']}" for c in quant]
-    measured = [r["ms"] for r in ref] + [c["median_ms"] for c in quant]
-    floors = [floor(spec, l4, 2048, r["weight_format"]).floor_ms for r in ref] + [c["floor_ms"] for c in quant]
+        f"{c.model} {c.gpu} ctx {c.ctx}: {c.path}" for c in quant]
+    measured = [r["ms"] for r in ref] + [c.median_ms for c in quant]
+    floors = ([floor(model_spec, l4, 2048, r["weight_format"]).floor_ms for r in ref]
+              + [c.floor_ms for c in quant])
     baselines = [ref[0]["ms"]] * len(ref) + [
-        by_id[reduced[c["id"]]["reference_id"]]["median_ms"]
-        if reduced.get(c["id"], {}).get("reference_id") else None for c in quant]
+        by_id[reduced[c.id]["reference_id"]].median_ms
+        if reduced.get(c.id, {}).get("reference_id") else None for c in quant]
     y = list(range(len(labels)))
     fig, ax = plt.subplots(figsize=(11, 0.3 * len(labels) + 1.6))
     ax.barh(y, measured, 0.7, color=["grey"] * len(ref) + ["tab:orange"] * len(quant),
@@ -153,7 +147,8 @@ def quantised(cells):
     ax.scatter([b for b in baselines if b], [i for i in y if baselines[i]], marker="D", s=18,
                color="tab:blue", zorder=3, label="16-bit reference (same runtime and options)")
     for i in y:
-        ax.annotate(f"{percent(floors[i] / measured[i])} of its floor", (max(measured[i], baselines[i] or 0), i),
+        ax.annotate(f"{percent(floors[i] / measured[i])} of its floor",
+                    (max(measured[i], baselines[i] or 0), i),
                     xytext=(6, 0), textcoords="offset points", va="center", fontsize=7)
     ax.set_yticks(y, labels, fontsize=7)
     ax.set_ylim(len(labels) - 0.5, -0.5)
@@ -166,11 +161,13 @@ def quantised(cells):
         "This database holds no quantised cells, so only the study's published L4 cells are "
         "drawn: `floorline sweep --paths engine-int4,bnb-nf4` measures some (`floorline paths` "
         "lists the quantised paths this machine can run).")
-    refs = [reduced[c["id"]]["reference_id"] for c in quant if reduced.get(c["id"], {}).get("reference_id")]
-    return fig, [c["id"] for c in quant] + sorted(set(refs)), missing
+    refs = [reduced[c.id]["reference_id"] for c in quant
+            if reduced.get(c.id, {}).get("reference_id")]
+    return fig, [c.id for c in quant] + sorted(set(refs)), missing
 
 
-PARTS = (("floor_ms", "floor"), ("lost_in_kernels_ms", "bandwidth lost in GEMV + attention kernels"),
+PARTS = (("floor_ms", "floor"),
+         ("lost_in_kernels_ms", "bandwidth lost in GEMV + attention kernels"),
          ("other_kernels_ms", "other kernels"), ("launch_and_idle_ms", "launch and idle"))
 
 
@@ -199,25 +196,25 @@ NO_ENERGY = ("No cell here has its energy per token: `floorline sweep` measures 
 def energy_vs_time(cells):
     """Joules per token against ms per token (batch 1: one token a step), per path; log axes,
     since both span the paths' tenfold range."""
-    cells = [c for c in _valid(cells) if c["details"].get("energy")]
+    cells = [c for c in _valid(cells) if c.details.get("energy")]
     if not cells:
         return None, [], NO_ENERGY
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for path in sorted({c["path"] for c in cells}):
-        pts = [c for c in cells if c["path"] == path]
-        ax.scatter([c["median_ms"] for c in pts],
-                   [c["details"]["energy"]["joules_per_token"] for c in pts], label=path, alpha=0.8)
+    for path in sorted({c.path for c in cells}):
+        pts = [c for c in cells if c.path == path]
+        ax.scatter([c.median_ms for c in pts],
+                   [c.details["energy"]["joules_per_token"] for c in pts], label=path, alpha=0.8)
         for c in pts:
-            ax.annotate(f"{c['model']} ctx {c['ctx']}", (c["median_ms"],
-                        c["details"]["energy"]["joules_per_token"]), textcoords="offset points",
+            ax.annotate(f"{c.model} ctx {c.ctx}", (c.median_ms,
+                        c.details["energy"]["joules_per_token"]), textcoords="offset points",
                         xytext=(4, 4), fontsize=7)
-    ax.set(xscale="log", yscale="log", xlim=_log_range([c["median_ms"] for c in cells]),
-           ylim=_log_range([c["details"]["energy"]["joules_per_token"] for c in cells]),
+    ax.set(xscale="log", yscale="log", xlim=_log_range([c.median_ms for c in cells]),
+           ylim=_log_range([c.details["energy"]["joules_per_token"] for c in cells]),
            xlabel="ms/token (median of the timed steps)",
            ylabel="J/token (GPU energy over the timed steps)",
            title="Energy per token against time per token")
     plain(ax.xaxis)
     plain(ax.yaxis)
     ax.legend(fontsize=7)
-    return fig, [c["id"] for c in cells], None
+    return fig, [c.id for c in cells], None
 

@@ -8,6 +8,7 @@ from statistics import median
 
 from floorline.report.figures import NO_CELLS, plt
 from floorline.stats import percent
+from floorline.store import CellRow
 from floorline.traffic import WEIGHT_FORMATS
 
 UNQUANTISED, QUANTISED = "tab:blue", "tab:orange"
@@ -18,25 +19,26 @@ def is_quantised(weight_format: str) -> bool:
     return fmt is not None and fmt.bits < 16
 
 
-def ladder(cells: list[dict]) -> list[dict]:
+def ladder(cells: list[CellRow]) -> list[dict]:
     """The figure's numbers: one panel per (model, GPU, context), one bar per path, slowest
     first. A path measured more than once (several runs merged into one database) is drawn at
     the median of its runs, each run kept in `runs`. A bar's fraction is its own floor (that of
     its weight format) over its ms/step; the panel's `floor_ms` is the floor of its 16-bit
     bars, None when it has only quantised ones."""
-    groups: dict[tuple, dict[str, list[dict]]] = {}
+    groups: dict[tuple, dict[str, list[CellRow]]] = {}
     for c in cells:
-        if c["status"] == "valid" and c["median_ms"] and c["floor_ms"]:
-            groups.setdefault((c["model"], c["gpu"], c["ctx"]), {}).setdefault(c["path"], []).append(c)
+        if c.status == "valid" and c.median_ms and c.floor_ms:
+            by_path = groups.setdefault((c.model, c.gpu, c.ctx), {})
+            by_path.setdefault(c.path, []).append(c)
     panels = []
     for (model, gpu, ctx), paths in sorted(groups.items()):
         bars = []
         for path, runs in paths.items():
-            ms, floor_ms = median(r["median_ms"] for r in runs), median(r["floor_ms"] for r in runs)
+            ms, floor_ms = median(r.median_ms for r in runs), median(r.floor_ms for r in runs)
             bars.append({"path": path, "ms": ms, "floor_ms": floor_ms, "fraction": floor_ms / ms,
-                         "quantised": is_quantised(runs[0]["weight_format"]),
-                         "weight_format": runs[0]["weight_format"],
-                         "runs": [r["median_ms"] for r in runs], "ids": [r["id"] for r in runs]})
+                         "quantised": is_quantised(runs[0].weight_format),
+                         "weight_format": runs[0].weight_format,
+                         "runs": [r.median_ms for r in runs], "ids": [r.id for r in runs]})
         bars.sort(key=lambda b: (-b["ms"], b["path"]))
         full = [b["floor_ms"] for b in bars if not b["quantised"]]
         panels.append({"model": model, "gpu": gpu, "ctx": ctx, "bars": bars,
@@ -50,7 +52,7 @@ def label(bar: dict) -> str:
     return f"{percent(bar['fraction'])}{own}{runs}"
 
 
-def headline(cells: list[dict]):
+def headline(cells: list[CellRow]):
     """The headline figure; returns (figure, cell ids, what is missing)."""
     panels = ladder(cells)
     if not panels:
@@ -76,14 +78,17 @@ def headline(cells: list[dict]):
         ax.set_xlim(0, top * 1.45)  # room for the labels right of the longest bar
         ax.set_yticks(list(y), [b["path"] for b in bars], fontsize=8)
         ax.set_ylim(len(bars) - 0.5, -0.5)
-        ax.set_title(f"{panel['model']} on {panel['gpu']}, ctx {panel['ctx']}", fontsize=9, loc="left")
+        ax.set_title(f"{panel['model']} on {panel['gpu']}, ctx {panel['ctx']}", fontsize=9,
+                     loc="left")
         ax.tick_params(axis="x", labelsize=7)
     axes[-1, 0].set_xlabel("ms per decode step (median; shorter is faster)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=UNQUANTISED),
                plt.Rectangle((0, 0), 1, 1, facecolor=QUANTISED, hatch="//", edgecolor="white"),
-               plt.Line2D([], [], color="black", ls="--"), plt.Line2D([], [], color="black", lw=1.5)]
+               plt.Line2D([], [], color="black", ls="--"),
+               plt.Line2D([], [], color="black", lw=1.5)]
     fig.legend(handles, ["16-bit (or wider) weights", "quantised weights",
-                         "memory floor of 16-bit weights", "the bar's own floor (its weight format)"],
+                         "memory floor of 16-bit weights",
+                         "the bar's own floor (its weight format)"],
                loc="upper center", ncol=2, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.55 / (sum(heights) + 0.8)))
     return fig, sorted(i for p in panels for b in p["bars"] for i in b["ids"]), None

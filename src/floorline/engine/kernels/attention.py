@@ -196,10 +196,10 @@ def _attention_combine_kernel(part_ptr, stats_ptr, out_ptr, SPLITS: tl.constexpr
     c = tl.arange(0, SPLITS)
     d = tl.arange(0, D)
     m = tl.load(stats_ptr + (head * SPLITS + c) * 2)
-    l = tl.load(stats_ptr + (head * SPLITS + c) * 2 + 1)
+    denom = tl.load(stats_ptr + (head * SPLITS + c) * 2 + 1)
     weight = tl.exp(m - tl.max(m, axis=0))  # an empty chunk has m = -inf: weight 0
     part = tl.load(part_ptr + (head * SPLITS + c)[:, None] * D + d[None, :])
-    o = tl.sum(part * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)
+    o = tl.sum(part * weight[:, None], axis=0) / tl.sum(denom * weight, axis=0)
     tl.store(out_ptr + head * D + d, o.to(out_ptr.dtype.element_ty))
 
 

@@ -1,6 +1,6 @@
 """Times decode steps: warm-up (a fixed count, or until the step time is steady), then timed
 steps (a fixed count, or until the median's 95% interval is narrow), each step bracketed on its
-own."""
+own. The measurements (measure/) and the engine's launch tuning time with these."""
 
 from __future__ import annotations
 
@@ -85,6 +85,15 @@ class Timing:
             out["median_ci_ms"] = list(self.median_ci_ms)
             out["width_reached"] = self.width_reached
         return out
+
+
+def l2_bytes(device: str) -> int:
+    """The device's L2 cache: what a timing loop must overflow to read from memory."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_properties(torch.device(device)).L2_cache_size
+    return 64 * 2**20  # generous for a CPU's last-level cache
 
 
 def drift(samples_ms) -> float | None:
