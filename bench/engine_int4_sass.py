@@ -62,8 +62,8 @@ def compile_loop(block_n: int, groups: int, warps: int, words: int, prefetch: bo
     divisible = [*POINTERS, "N", "K", "K_WORDS"]
     attrs = {(_gemv_int4_kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in divisible}
     constexprs = dict(NORM=norm_swiglu, SWIGLU=norm_swiglu, GELU=False, BIAS=False,
-                      ACCUMULATE=False, REDUCE=False, BLOCK_N=block_n, GROUPS=groups, GROUP=128, WORDS=words,
-                      PREFETCH=prefetch, SPLIT_K=1, EVEN=True, PDL=True)
+                      ACCUMULATE=False, REDUCE=False, BLOCK_N=block_n, GROUPS=groups,
+                      GROUP=128, WORDS=words, PREFETCH=prefetch, SPLIT_K=1, EVEN=True, PDL=True)
     src = ASTSource(fn=_gemv_int4_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=warps, num_stages=3))

@@ -403,9 +403,8 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
         _gemv_int4_kernel[grid](
             x, w.qweight, w.scales, w.zeros, u.qweight, u.scales, u.zeros,
             w.scales if bias is None else bias, w.scales if norm is None else norm, out, sums,
-            counts, n, k, k // 8, ONE_BITS, eps, GROUPS=groups, GROUP=w.group_size, WORDS=config.words,
-            PREFETCH=config.prefetch,
-            EVEN=even, **flags, **pdl_options(x))
+            counts, n, k, k // 8, ONE_BITS, eps, GROUPS=groups, GROUP=w.group_size,
+            WORDS=config.words, PREFETCH=config.prefetch, EVEN=even, **flags, **pdl_options(x))
         return
     scale = up_scale = None
     if isinstance(w, Fp8Weight):
