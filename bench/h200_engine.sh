@@ -21,9 +21,9 @@
 #   bash bench/h200_engine.sh kvfp8-kernels   split-KV attention on an fp8 cache, per split, block size,
 #                                       warps and product precision
 #   bash bench/h200_engine.sh check-32k the bf16 engine against transformers after a 32k prompt (Llama-3.1-8B)
-#   bash bench/h200_engine.sh energy    J/token of the engine and stock paths (Qwen2.5-7B, ctx 2048), and
-#                                       the engine's ctx 16384 cells warmed up until steady, with their
-#                                       drift; its own database (about 8 minutes)
+#   bash bench/h200_engine.sh energy    J/token of the headline's paths (Qwen2.5-7B, ctx 2048), and the
+#                                       engine's ctx 16384 cells warmed up until steady, with their
+#                                       drift; its own database (about 6 minutes)
 #   bash bench/h200_engine.sh families  Qwen3-8B and Gemma-3-12B: engine beside hf-static+graphs at ctx
 #                                       2048 and 16384, and the engine on Qwen2.5-7B at 2048 in the same
 #                                       run for reference; its own database
@@ -84,14 +84,16 @@ case ${1:?stage} in
     python3 bench/engine_kernels.py --model qwen2.5-7b --ctx 32768 --kv fp8 \
       --json "$DEST/h200_engine_kernels_qwen2.5-7b_kvfp8.json" ;;
   energy)
-    # 512 timed steps: over a second even on the fastest path, so that the energy counter
-    # advances many times; the warm-up is the default, until steady.
+    # J/token at ctx 2048 of every path in the README's headline (EXTRA_PATHS adds more, e.g.
+    # llamacpp-bf16,llamacpp-q4_0 after `bash bench/h200_quantised.sh setup build-llamacpp`),
+    # each read over at least a second of steps; then the engine's ctx 16384 cells warmed up
+    # until steady, with their drift.
     EDB=${DB%.db}_energy.db
-    fl sweep --db "$EDB" --models qwen2.5-7b --ctx 2048 --steps 512 \
-      --paths engine,engine-int4,engine-fp8,hf-static+graphs,hf-eager || echo "stage failed"
-    fl sweep --db "$EDB" --models qwen2.5-7b --ctx 16384 --steps 256 \
+    fl sweep --db "$EDB" --models qwen2.5-7b --ctx 2048 \
+      --paths "hf-eager,hf-static+graphs,hf-static+compile+graphs,engine,engine-fp8,engine-int4,engine-int4-fp8head${EXTRA_PATHS:+,$EXTRA_PATHS}" \
+      || echo "stage failed"
+    fl sweep --db "$EDB" --models qwen2.5-7b,llama-3.1-8b --ctx 16384 \
       --paths engine,engine-int4,engine-fp8 || echo "stage failed"
-    fl sweep --db "$EDB" --models llama-3.1-8b --ctx 16384 --steps 256 --paths engine || echo "stage failed"
     fl show --db "$EDB" --csv > "$DEST/h200_energy_cells.csv" || echo "stage failed"
     fl report --db "$EDB" --out "$DEST/h200_energy_report" || echo "stage failed"
     DB=$EDB ;;

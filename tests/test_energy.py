@@ -85,17 +85,39 @@ def test_joules_per_token_from_the_energy_counter(fake_time):
     assert e["at_end"] == {"sm_clock_mhz": 1755, "temperature_c": 42}  # 210 steps run
 
 
-def test_energy_over_auto_steps_counts_only_the_timed_batches(fake_time):
+def test_energy_over_auto_steps_counts_the_timed_batches_and_never_the_warm_up(fake_time):
     nvml = FakeNVML(joules_per_step=1.0)
 
     def step():
         nvml.step()
         fake_time.now += 0.002
 
-    t = run_plan(step, "cpu", StepPlan(0, None), EnergyMeter(nvml, None))
+    t = run_plan(step, "cpu", StepPlan(0, None, steps_cap=100), EnergyMeter(nvml, None))
     n = len(t.samples_ms)
-    assert t.energy["tokens"] == n and t.energy["joules"] == pytest.approx(n * 1.0)
-    assert t.energy["seconds"] == pytest.approx(n * 0.002)
+    assert n < 100 and n * 0.002 < timing.ENERGY_MIN_S
+    # the timed steps took under a second: more follow for energy, up to the steps' cap
+    assert t.energy["tokens"] == 100 and t.energy["joules"] == pytest.approx(100 * 1.0)
+    assert t.energy["seconds"] == pytest.approx(100 * 0.002)
+
+
+def test_short_timings_are_metered_for_a_second_within_the_reserved_steps(fake_time):
+    nvml = FakeNVML(joules_per_step=2.0)
+
+    def step():  # 4 ms: 64 timed steps are 0.256 s
+        nvml.step()
+        fake_time.now += 0.004
+
+    # auto warm-up settles after two windows, leaving most of its cap unused
+    t = run_plan(step, "cpu", StepPlan(None, 64), EnergyMeter(nvml, None))
+    assert t.warmup_steps == 2 * timing.WINDOW and len(t.samples_ms) == 64
+    e = t.energy
+    assert e["tokens"] == 250 and e["seconds"] == pytest.approx(1.0)  # ceil(0.744 / 0.004) more
+    assert e["joules_per_token"] == pytest.approx(2.0)
+    assert nvml.steps == 2 * timing.WINDOW + 250  # warm-up, timed and metered steps, no more
+    # fixed counts reserve no room: the energy is read over the timed steps alone
+    nvml.steps = 0
+    t = run_plan(step, "cpu", StepPlan(8, 64), EnergyMeter(nvml, None))
+    assert t.energy["tokens"] == 64 and nvml.steps == 72
 
 
 def test_power_sampled_where_the_counter_is_missing(fake_time):

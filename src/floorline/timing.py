@@ -4,6 +4,7 @@ own. The measurements (measure/) and the engine's launch tuning time with these.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -19,6 +20,9 @@ WARMUP_MAX_S = 5.0  # also a cap: on a busy CPU the medians may never agree
 FIRST_STEPS = 32
 STEPS_CAP = 2048
 REL_WIDTH = 0.01  # the default relative width of the median's 95% interval
+# GPUs' energy counters advance every few tens of milliseconds, so energy is read over at least
+# this long: where the timed steps were shorter, more steps follow them for energy alone.
+ENERGY_MIN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -160,7 +164,8 @@ def warm_up(step, device: str, cap: int) -> tuple[int, bool]:
 
 
 def run_plan(step, device: str, plan: StepPlan, meter=None) -> Timing:
-    """Warm up and time `step` as `plan` says; `meter` measures energy over the timed steps."""
+    """Warm up and time `step` as `plan` says; `meter` measures energy over the timed steps
+    (and any run after them for energy alone: _energy_steps)."""
     if plan.warmup is None:
         warmup, steady = warm_up(step, device, plan.warmup_cap)
     else:
@@ -180,5 +185,19 @@ def run_plan(step, device: str, plan: StepPlan, meter=None) -> Timing:
             samples += timed_batch(step, device, more, meter)
         timing = Timing(samples, warmup, steady, (iv.low, iv.high), reached)
     if meter:
-        timing.energy = meter.result(len(timing.samples_ms))
+        tokens = len(timing.samples_ms) + _energy_steps(step, device, plan, warmup, timing, meter)
+        timing.energy = meter.result(tokens)
     return timing
+
+
+def _energy_steps(step, device: str, plan: StepPlan, warmup: int, timing: Timing, meter) -> int:
+    """Steps run after the timed ones, untimed but metered, until the energy reading spans
+    ENERGY_MIN_S; only within the positions the plan reserved and warm-up and timing left
+    unused (none where both are fixed counts). How many were run."""
+    timed = len(timing.samples_ms)
+    room = plan.most_warmup - warmup + plan.most_steps - timed
+    if meter.seconds >= ENERGY_MIN_S or room <= 0 or meter.seconds <= 0:
+        return 0
+    more = min(room, math.ceil((ENERGY_MIN_S - meter.seconds) * timed / meter.seconds))
+    timed_batch(step, device, more, meter)
+    return more
