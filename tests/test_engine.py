@@ -8,7 +8,7 @@ import pytest
 import torch
 from tests.conftest import shipped_config
 
-from floorline.engine import Engine
+from floorline.engine import Engine, tuning
 from floorline.engine.check import compare_with_transformers
 from floorline.engine.kernels.gemv import GemvConfig
 from floorline.engine.model import DecoderConfig, EngineUnsupported, inverse_frequencies
@@ -83,8 +83,6 @@ def test_the_kernels_decode_like_transformers():
 def test_the_kernels_decode_like_transformers_with_every_product_split(monkeypatch):
     # every GEMV split along K in two, so q/k/v, gate/up and the head meet in partials shared by
     # the layers' launches of one shape: the step still decodes as transformers does
-    from floorline.engine import tuning
-
     monkeypatch.setattr(tuning, "interpreter_config",
                         lambda k, group=None: GemvConfig(16, 16, split_k=2))
     result = compare_with_transformers(resolve_model("tiny-qwen2"), "cpu", torch.float32,
