@@ -153,19 +153,20 @@ def _epilogue(y, y_up, sum_squares, rows, row_ok, pid_n, pid_k, bias_ptr, out_pt
                 sum_squares = tl.atomic_add(part_ptr + 2 * N + pid_n, 0.0, sem="relaxed")
                 tl.store(part_ptr + 2 * N + pid_n, 0.0)
             tl.store(count_ptr + pid_n, 0)
-            _finish(y, y_up, sum_squares, rows, row_ok, pid_k, bias_ptr, out_ptr, K, eps, NORM,
-                    SWIGLU, BIAS, ACCUMULATE, GELU, True)
+            # the block's sums are whole: finished as a first (and only) split would be
+            _finish(y, y_up, sum_squares, rows, row_ok, 0, bias_ptr, out_ptr, K, eps, NORM,
+                    SWIGLU, BIAS, ACCUMULATE, GELU)
     else:
         _finish(y, y_up, sum_squares, rows, row_ok, pid_k, bias_ptr, out_ptr, K, eps, NORM,
-                SWIGLU, BIAS, ACCUMULATE, GELU, False)
+                SWIGLU, BIAS, ACCUMULATE, GELU)
 
 
 @triton.jit
 def _finish(y, y_up, sum_squares, rows, row_ok, pid_k, bias_ptr, out_ptr, K, eps,
             NORM: tl.constexpr, SWIGLU: tl.constexpr, BIAS: tl.constexpr,
-            ACCUMULATE: tl.constexpr, GELU: tl.constexpr, WHOLE: tl.constexpr):
-    """The rest of the fusions on whole dot products (WHOLE) or, for a plain accumulating
-    product split along K, on one split's: its bias goes in with the first split."""
+            ACCUMULATE: tl.constexpr, GELU: tl.constexpr):
+    """The rest of the fusions on split `pid_k`'s dot products. Only a plain accumulating
+    product reaches here with a part of K; its bias goes in with the first split."""
     if NORM:  # whole: this program saw all of x, or the splits' squares were summed
         rstd = tl.rsqrt(sum_squares / K + eps)
         y *= rstd
@@ -176,10 +177,7 @@ def _finish(y, y_up, sum_squares, rows, row_ok, pid_k, bias_ptr, out_ptr, K, eps
         y = y * tl.sigmoid(y) * y_up
     if BIAS:
         b = tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-        if WHOLE:
-            y += b
-        else:
-            y += tl.where(pid_k == 0, b, 0.0)
+        y += tl.where(pid_k == 0, b, 0.0)
     if ACCUMULATE:
         tl.atomic_add(out_ptr + rows, y, mask=row_ok, sem="relaxed")
     else:
