@@ -53,6 +53,24 @@ def resource_usage(cubin: bytes) -> tuple[int, int]:
     return registers, stack
 
 
+def loop_body(cubin: bytes) -> list[str]:
+    """The instructions of a compiled kernel's first loop (the body of its first backward
+    branch)."""
+    sass = cuobjdump(cubin, "-sass")
+    code = [(int(m.group(1), 16), m.group(2).strip())
+            for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
+    back = [(a, int(b.group(1), 16)) for a, t in code
+            for b in [re.search(r"(?:@!?P\d )?BRA 0x([0-9a-f]+)", t)]
+            if b and int(b.group(1), 16) < a]
+    end, start = back[0]
+    return [t for a, t in code if start <= a <= end]
+
+
+def opcode(instruction: str) -> str:
+    """An instruction's opcode without its predicate and modifiers (HFMA2.MMA -> HFMA2)."""
+    return re.sub(r"^@!?P\d+ ", "", instruction).split()[0].split(".")[0]
+
+
 def compile_loop(block_n: int, groups: int, warps: int, words: int, prefetch: bool,
                  norm_swiglu: bool) -> dict:
     signature = {**POINTERS, "N": "i32", "K": "i32", "K_WORDS": "i32", "ONE": "i32", "eps": "fp32",
@@ -67,15 +85,8 @@ def compile_loop(block_n: int, groups: int, warps: int, words: int, prefetch: bo
     src = ASTSource(fn=_gemv_int4_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=warps, num_stages=3))
-    sass = cuobjdump(kernel.asm["cubin"], "-sass")
-    code = [(int(m.group(1), 16), m.group(2).strip())
-            for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
-    back = [(a, int(b.group(1), 16)) for a, t in code
-            for b in [re.search(r"(?:@!?P\d )?BRA 0x([0-9a-f]+)", t)]
-            if b and int(b.group(1), 16) < a]
-    end, start = back[0]
-    body = [t for a, t in code if start <= a <= end]
-    ops = collections.Counter(re.sub(r"^@!?P\d+ ", "", t).split()[0].split(".")[0] for t in body)
+    body = loop_body(kernel.asm["cubin"])
+    ops = collections.Counter(opcode(t) for t in body)
     weights = block_n * groups * 16 / (warps * 32) * 8 * (2 if norm_swiglu else 1)
     registers, stack = resource_usage(kernel.asm["cubin"])
     return {"block_n": block_n, "groups": groups, "warps": warps, "words": words,
