@@ -33,7 +33,7 @@ POINTERS = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
             "up_s_ptr": "*fp16", "up_z_ptr": "*u8", "bias_ptr": "*bf16", "norm_ptr": "*bf16",
             "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32"}
 CONSTEXPRS = ("NORM", "SWIGLU", "GELU", "BIAS", "ACCUMULATE", "REDUCE", "BLOCK_N", "GROUPS",
-              "GROUP", "WORDS", "PREFETCH", "SPLIT_K", "EVEN", "PDL")
+              "GROUP", "WORDS", "PREFETCH", "SPLIT_K", "EVEN", "PDL", "ASM")
 
 
 def cuobjdump(cubin: bytes, flag: str) -> str:
@@ -73,7 +73,7 @@ def opcode(instruction: str) -> str:
 
 def compile_loop(block_n: int, groups: int, warps: int, words: int, prefetch: bool,
                  norm_swiglu: bool) -> dict:
-    signature = {**POINTERS, "N": "i32", "K": "i32", "K_WORDS": "i32", "ONE": "i32", "eps": "fp32",
+    signature = {**POINTERS, "N": "i32", "K": "i32", "K_WORDS": "i32", "eps": "fp32",
                  **{c: "constexpr" for c in CONSTEXPRS}}
     if norm_swiglu:
         signature["x_ptr"] = "*fp32"  # the fp32 residual stream
@@ -81,7 +81,8 @@ def compile_loop(block_n: int, groups: int, warps: int, words: int, prefetch: bo
     attrs = {(_gemv_int4_kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in divisible}
     constexprs = dict(NORM=norm_swiglu, SWIGLU=norm_swiglu, GELU=False, BIAS=False,
                       ACCUMULATE=False, REDUCE=False, BLOCK_N=block_n, GROUPS=groups,
-                      GROUP=128, WORDS=words, PREFETCH=prefetch, SPLIT_K=1, EVEN=True, PDL=True)
+                      GROUP=128, WORDS=words, PREFETCH=prefetch, SPLIT_K=1, EVEN=True, PDL=True,
+                      ASM=True)
     src = ASTSource(fn=_gemv_int4_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=warps, num_stages=3))

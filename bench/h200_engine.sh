@@ -10,8 +10,9 @@
 #   bash bench/h200_engine.sh probe     the card's measured read bandwidth, for "of measured"
 #   bash bench/h200_engine.sh explain   where the engine's step time goes, kernel by kernel
 #   bash bench/h200_engine.sh all       all of the above, then torchao-int4+compile+graphs
-#   bash bench/h200_engine.sh quant     the engine's int4 and fp8 paths beside engine bf16: their
-#                                       kernels at the Qwen2.5-7B shapes, then the sweep
+#   bash bench/h200_engine.sh quant     the engine's int4 and fp8 paths beside engine bf16 and, where
+#                                       built, llama.cpp Q4_0: the int4 kernels at both models' shapes,
+#                                       then the sweep into its own database
 #   bash bench/h200_engine.sh quant-check   their logits against transformers on dequantised weights
 #   bash bench/h200_engine.sh prefill   time to first token and peak memory of long prompts
 #   bash bench/h200_engine.sh longctx   decode at the models' full context (Qwen2.5-7B 32000, Llama-3.1-8B 131000)
@@ -54,10 +55,15 @@ case ${1:?stage} in
   nopdl) FLOORLINE_PDL=0 fl sweep --db "${DB%.db}_nopdl.db" --models "$MODELS" --ctx "$CTX" --paths engine ;;
   probe) fl probe --db "$DB" ;;
   quant)
-    WEIGHTS=int4 HEAD=fp8 MODELS=qwen2.5-7b bash "$0" kernels || echo "stage failed"
-    WEIGHTS=fp8 MODELS=qwen2.5-7b bash "$0" kernels || echo "stage failed"
-    fl sweep --db "$DB" --models "$MODELS" --ctx "$CTX" \
-      --paths "${PATHS:-engine,engine-int4,engine-fp8,engine-int4-fp8head}" || echo "stage failed" ;;
+    # llama.cpp Q4_0 joins the run where it is built (`bash bench/h200_quantised.sh setup
+    # build-llamacpp`, then PYTHONPATH=src:/tmp/site LLAMA_CPP_LIB_PATH=/tmp/site/llama_cpp/lib);
+    # RETUNE=1 tunes the int4 shapes again (after a change to the int4 kernel)
+    QDB=${DB%.db}_quant.db
+    WEIGHTS=int4 HEAD=fp8 bash "$0" kernels || echo "stage failed"
+    LLAMA=$(python3 -c "import llama_cpp" 2>/dev/null && echo ",llamacpp-q4_0" || true)
+    fl sweep --db "$QDB" --models "$MODELS" --ctx "$CTX" \
+      --paths "${PATHS:-engine,engine-int4,engine-int4-fp8head,engine-fp8$LLAMA}" || echo "stage failed"
+    DB=$QDB ;;
   prefill)
     python3 bench/engine_prefill.py --model qwen2.5-7b --ctx 2048,16384,32000 --chunk 2048 8192 \
       --json "$DEST/h200_engine_prefill_qwen2.5-7b.json"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The H200 report from the committed results (no GPU needed): every database measured under the
-# default protocol (64 timed steps after 8 warm-up steps, random weights from the real configs)
+# default protocol (64 timed steps after the warm-up: 8 steps before the automatic warm-up
+# existed, until steady since; random weights from the real configs)
 # merged into bench/results/h200_all.db, then one report in docs/report-h200/ with a screenshot
 # of its first screen in headless Chromium.
 # Left out: h200_checkpoint.db, a smoke test that a checkpoint directory loads (a tiny Qwen2 of

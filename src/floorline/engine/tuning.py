@@ -35,10 +35,11 @@ SPLITS = [(4, 512, 4, 2), (8, 256, 4, 2), (4, 512, 4, 4), (8, 256, 4, 4), (2, 10
 # int4: (block_n, groups per iteration, warps, words per thread); threads spread over a tile's
 # groups x (16 / words) positions (group 128), so these fill a program's threads without
 # spreading over rows. Tiles that Triton 3.6 lays out without shared-memory shuffles in the loop
-# and that do not spill with the next iteration's words prefetched (read from the compiled code:
-# bench/engine_int4_sass.py); each with and without that prefetch; then splits as above. Triton
+# (read from the compiled code with its registers and spills: bench/engine_int4_sass.py); each
+# with and without the next iteration's words prefetched; then splits as above. Triton
 # pipelines none of these loads, so the depth of its software pipeline is not tried.
-INT4_SHAPES = [(8, 4, 1, 2), (16, 4, 1, 2), (8, 8, 1, 4), (8, 8, 2, 2), (16, 8, 2, 2)]
+INT4_SHAPES = [(8, 4, 1, 2), (16, 4, 1, 2), (8, 8, 1, 4), (8, 8, 2, 2), (16, 8, 2, 2),
+               (16, 8, 1, 4)]
 INT4_SPLITS = [(8, 4, 1, 2, 2), (16, 4, 1, 2, 2), (8, 4, 1, 2, 4), (16, 4, 1, 2, 4),
                (8, 4, 1, 2, 7), (16, 4, 1, 2, 7), (16, 8, 2, 2, 2)]
 

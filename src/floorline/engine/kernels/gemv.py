@@ -184,23 +184,6 @@ def _finish(y, y_up, sum_squares, rows, row_ok, pid_k, bias_ptr, out_ptr, K, eps
         tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
 
 
-ONE_BITS = 0x3F800000  # 1.0f; an argument, not a literal, so that the mask and the or fuse into
-# one three-input logic instruction (with two literals the compiler emits two)
-
-
-@triton.jit
-def _nibble_pair(words, p: tl.constexpr, one):
-    """Nibbles 2p + 1 and 2p of each word as the floats 1 + q/16 and 1 + q/256, from one shift:
-    nibble 2p + 1 moves to the top four mantissa bits (19..22) and nibble 2p, which sits four
-    bits below it, to bits 15..18, both under 1.0's exponent. The 1s come off once per word
-    position, after the products (see _gemv_int4_kernel)."""
-    shift: tl.constexpr = 15 - 8 * p
-    if shift >= 0:
-        bits = words << shift
-    else:
-        bits = words >> (-shift)
-    return (((bits & 0x00780000) | one).to(tl.float32, bitcast=True),
-            ((bits & 0x00078000) | one).to(tl.float32, bitcast=True))
 
 
 @triton.jit
@@ -221,7 +204,7 @@ def _load_x(x_ptr, norm_ptr, at, ok, NORM: tl.constexpr, EVEN: tl.constexpr):
 
 @triton.jit
 def _load_int4(w_ptr, s_ptr, z_ptr, words_at, meta_at, ok, EVEN: tl.constexpr):
-    """A tile of words, and 16 x scale and zero / 16 of their groups, in fp32."""
+    """A tile of half-words, and scale and zero point of their groups in fp32."""
     if EVEN:
         words = tl.load(w_ptr + words_at)
         s = tl.load(s_ptr + meta_at)
@@ -230,49 +213,142 @@ def _load_int4(w_ptr, s_ptr, z_ptr, words_at, meta_at, ok, EVEN: tl.constexpr):
         words = tl.load(w_ptr + words_at, mask=ok, other=0)
         s = tl.load(s_ptr + meta_at, mask=ok, other=0.0)
         z = tl.load(z_ptr + meta_at, mask=ok, other=0)
-    return words, s.to(tl.float32) * 16.0, z.to(tl.float32) * 0.0625
+    return words, s.to(tl.float32), z.to(tl.float32)
 
 
 @triton.jit
-def _load_groups(w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, word_base, meta_base, groups,
+def _load_groups(w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, words_base, meta_base, groups,
                  g_hi, block_ok, W: tl.constexpr, SWIGLU: tl.constexpr, EVEN: tl.constexpr):
     """The gate's (or only) tile of `groups` and, with SWIGLU, the up matrix's (else the gate's
     again, unread)."""
     ok = (groups < g_hi) & block_ok
-    words_at = word_base + groups * (W * 4)
+    words_at = words_base + groups * (W * 8)
     meta_at = meta_base + groups * 4
-    words, s16, z16 = _load_int4(w_ptr, s_ptr, z_ptr, words_at, meta_at, ok, EVEN)
+    words, s, z = _load_int4(w_ptr, s_ptr, z_ptr, words_at, meta_at, ok, EVEN)
     if SWIGLU:
-        words_up, s16_up, z16_up = _load_int4(up_ptr, up_s_ptr, up_z_ptr, words_at, meta_at, ok,
-                                              EVEN)
+        words_up, s_up, z_up = _load_int4(up_ptr, up_s_ptr, up_z_ptr, words_at, meta_at, ok, EVEN)
     else:
-        words_up, s16_up, z16_up = words, s16, z16
-    return words, s16, z16, words_up, s16_up, z16_up
+        words_up, s_up, z_up = words, s, z
+    return words, s, z, words_up, s_up, z_up
+
+
+@triton.jit
+def _x_factors(x_ptr, norm_ptr, x_at, W: tl.constexpr, ok, low_half, squares,
+               NORM: tl.constexpr, EVEN: tl.constexpr):
+    """The group's eight runs of x at the tile's positions as the fp16 factors of nibbles 0..3
+    of a word's halves (runs m and 4 + m side by side, like the half-words), each chunk's x
+    scaled by a power of two that puts its largest |x| in [64, 128): its 8 * WORDS products of
+    |q - 8| <= 8 then sum below 2^15 in fp16, whatever x's magnitude (the residual stream is
+    normalised only after the product). Also that power's inverse, x's fp32 sum and the norm's
+    squares."""
+    x0, sq0 = _load_x(x_ptr, norm_ptr, x_at, ok, NORM, EVEN)
+    x1, sq1 = _load_x(x_ptr, norm_ptr, x_at + W, ok, NORM, EVEN)
+    x2, sq2 = _load_x(x_ptr, norm_ptr, x_at + 2 * W, ok, NORM, EVEN)
+    x3, sq3 = _load_x(x_ptr, norm_ptr, x_at + 3 * W, ok, NORM, EVEN)
+    x4, sq4 = _load_x(x_ptr, norm_ptr, x_at + 4 * W, ok, NORM, EVEN)
+    x5, sq5 = _load_x(x_ptr, norm_ptr, x_at + 5 * W, ok, NORM, EVEN)
+    x6, sq6 = _load_x(x_ptr, norm_ptr, x_at + 6 * W, ok, NORM, EVEN)
+    x7, sq7 = _load_x(x_ptr, norm_ptr, x_at + 7 * W, ok, NORM, EVEN)
+    if NORM:
+        squares += ((sq0 + sq1) + (sq2 + sq3)) + ((sq4 + sq5) + (sq6 + sq7))
+    big = tl.maximum(tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)),
+                                tl.maximum(tl.abs(x2), tl.abs(x3))),
+                     tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)),
+                                tl.maximum(tl.abs(x6), tl.abs(x7))))
+    # the exponent field of the chunk's largest |x| (at least 2^-100, so that both powers below
+    # stay normal floats); scale = 2^(6 - e), unscale = 2^(e - 6), built from their bits
+    e = tl.maximum(tl.expand_dims(tl.max(big, axis=3), 3).to(tl.int32, bitcast=True) & 0x7F800000,
+                   27 << 23)
+    scale = (((130 << 23) - e) + (130 << 23)).to(tl.float32, bitcast=True)  # 260 << 23 > int32
+    unscale = (e - (6 << 23)).to(tl.float32, bitcast=True)
+    f0 = tl.where(low_half, x0 * scale, x4 * scale).to(tl.float16)
+    f1 = tl.where(low_half, x1 * scale, x5 * scale).to(tl.float16)
+    f2 = tl.where(low_half, x2 * scale, x6 * scale).to(tl.float16)
+    f3 = tl.where(low_half, x3 * scale, x7 * scale).to(tl.float16)
+    x_sum = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))
+    return f0, f1, f2, f3, unscale, x_sum, squares
+
+
+@triton.jit
+def _products(words, x0, x1, x2, x3, ASM: tl.constexpr):
+    """Per 16-bit half-word, the sum over its four nibbles m of (q - 8) times x_m, in fp16.
+    Each nibble becomes an fp16 by or-ing it under the exponent of 1024, where fp16's mantissa
+    counts in ones: 1024 + q for nibbles 0 and 2, 1024 + 16 q for 1 and 3 (read in place); the
+    offsets come off exactly (- 1032, / 16 - 72). A 32-bit word holds two halves, so on the
+    GPU every instruction serves two weights: PTX with the two halves of a register paired
+    (Triton emits its logic one value at a time and pairs its fp16 arithmetic as it sees fit).
+    The interpreter runs the same arithmetic a half-word at a time."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 a, b, c, d, t, k1032, k16, k72;
+            mov.b32 k1032, 0x64086408;
+            mov.b32 k16, 0x2c002c00;
+            mov.b32 k72, 0xd480d480;
+            lop3.b32 a, $1, 0x000f000f, 0x64006400, 0xea;
+            lop3.b32 b, $1, 0x00f000f0, 0x64006400, 0xea;
+            shr.u32 t, $1, 8;
+            lop3.b32 c, t, 0x000f000f, 0x64006400, 0xea;
+            lop3.b32 d, t, 0x00f000f0, 0x64006400, 0xea;
+            sub.f16x2 a, a, k1032;
+            fma.rn.f16x2 b, b, k16, k72;
+            sub.f16x2 c, c, k1032;
+            fma.rn.f16x2 d, d, k16, k72;
+            mul.f16x2 $0, a, $2;
+            fma.rn.f16x2 $0, b, $3, $0;
+            fma.rn.f16x2 $0, c, $4, $0;
+            fma.rn.f16x2 $0, d, $5, $0;
+            }""",
+            constraints="=r,r,r,r,r,r", args=[words, x0, x1, x2, x3], dtype=tl.float16,
+            is_pure=True, pack=2)
+    else:
+        high = words >> 8  # arithmetic, but only its low byte is kept
+        d = (((words & 0x000F) | 0x6400).to(tl.float16, bitcast=True) - 1032.0) * x0
+        d += (((words & 0x00F0) | 0x6400).to(tl.float16, bitcast=True) * 0.0625 - 72.0) * x1
+        d += (((high & 0x000F) | 0x6400).to(tl.float16, bitcast=True) - 1032.0) * x2
+        d += (((high & 0x00F0) | 0x6400).to(tl.float16, bitcast=True) * 0.0625 - 72.0) * x3
+        return d
+
+
+@triton.jit
+def _group_sums(d, unscale, s, z, x_sum, acc):
+    """acc + s (sum of q x - z sum of x) per group and row, from the fp16 products d
+    ([GROUPS, CH, RB, WORDS, 8]: q - 8 against x's factor at a word position, half-word h of
+    row r at 2r + h), the factors' unscale per chunk, scales and zero points
+    ([GROUPS, 1, RB, 1, 4]) and the fp32 sum of x."""
+    GROUPS: tl.constexpr = d.shape[0]
+    CH: tl.constexpr = d.shape[1]
+    RB: tl.constexpr = d.shape[2]
+    dot = tl.reshape(tl.sum(d, axis=3).to(tl.float32), (GROUPS, CH, RB, 4, 2))
+    dot = tl.sum(dot, axis=4) * tl.sum(unscale, axis=3)  # (dropping unit axes)
+    s = tl.sum(s, axis=3)
+    z = tl.sum(z, axis=3)
+    return acc + s * (dot - (z - 8.0) * tl.sum(x_sum, axis=3))
 
 
 @triton.jit
 def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bias_ptr, norm_ptr,
-                      out_ptr, part_ptr, count_ptr, N, K, K_WORDS, ONE, eps, NORM: tl.constexpr,
+                      out_ptr, part_ptr, count_ptr, N, K, K_WORDS, eps, NORM: tl.constexpr,
                       SWIGLU: tl.constexpr, BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
                       REDUCE: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS: tl.constexpr, GROUP: tl.constexpr, WORDS: tl.constexpr,
                       PREFETCH: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
-                      PDL: tl.constexpr, GELU: tl.constexpr):
+                      PDL: tl.constexpr, GELU: tl.constexpr, ASM: tl.constexpr):
     """int4 weights in floorline.engine.quant's layout. A program owns BLOCK_N rows (RB =
     BLOCK_N / 4 blocks of four interleaved rows) and reads GROUPS groups of them per iteration
-    as a [GROUPS, CH, RB, WORDS, 4] tile of int32 words: the group's W = GROUP / 8 word
-    positions in CH chunks of WORDS consecutive ones, four rows' words side by side. Triton
-    spreads threads over the leading (group, chunk) dimensions, so each thread holds WORDS
-    positions of all RB blocks: x is read once per thread for 4 * RB rows, and a group's scale
-    and zero point once per WORDS words.
+    as a [GROUPS, CH, RB, WORDS, 8] tile of 16-bit half-words: the group's W = GROUP / 8 word
+    positions in CH chunks of WORDS consecutive ones, four rows' words (eight halves) side by
+    side. Triton spreads threads over the leading (group, chunk) dimensions, so each thread
+    holds WORDS positions of all RB blocks: x is read once per thread for 4 * RB rows, and a
+    group's scale and zero point once per WORDS words.
 
-    Nibble j of a word belongs to x's run j of the group (k = g * GROUP + j * W + i), so one
-    shift of the tile serves two runs (_nibble_pair). With the low nibble's x taken 16 times,
-    each word position accumulates dot = Xw + Q / 16, where Q = sum_j q_j x_j and
-    Xw = sum over odd j of x_j + 16 sum over even j of x_j; per group and row
-    s (Q - z X) = 16 s (dot - Xw - (z / 16) X), X = sum_j x_j. A weight thus costs half a
-    shift, a logic op and a multiply-add. K_WORDS is K / 8, an argument so that Triton sees
-    its divisibility and loads 16 bytes at a time; EVEN: no masks (whole blocks and splits)."""
+    Nibble j of a word belongs to x's run j of the group (k = g * GROUP + j * W + i): half h
+    of the word holds runs 4h..4h + 3, so x of run 4h + m meets nibble m of half h. Products
+    are fp16, two to an instruction, of q - 8 and x scaled per chunk (_x_factors), so that
+    the chunk's 8 * WORDS products of a row sum in fp16 (WORDS <= 4); per group and row they
+    go to fp32, where s (sum q x - z sum x) adds into the row's sum. K_WORDS is
+    K / 8, an argument so that Triton sees its divisibility and loads 16 bytes at a time; EVEN:
+    no masks (whole blocks and splits); ASM: the products in PTX (_products)."""
     RB: tl.constexpr = BLOCK_N // 4
     W: tl.constexpr = GROUP // 8
     CH: tl.constexpr = W // WORDS
@@ -282,14 +358,18 @@ def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bi
     position = (tl.arange(0, CH)[None, :, None, None, None] * WORDS
                 + tl.arange(0, WORDS)[None, None, None, :, None])
     blocks = pid_n * RB + tl.arange(0, RB)[None, None, :, None, None]
+    half = tl.arange(0, 8)[None, None, None, None, :]
     r = tl.arange(0, 4)[None, None, None, None, :]
     block_ok = blocks < N // 4
     n_groups = K // GROUP
     span = tl.cdiv(tl.cdiv(n_groups, SPLIT_K), GROUPS) * GROUPS
     g_lo = pid_k * span
     g_hi = tl.minimum(g_lo + span, n_groups)
-    word_base = blocks.to(tl.int64) * (K_WORDS * 4) + position * 4 + r
+    words_base = blocks.to(tl.int64) * (K_WORDS * 8) + position * 8 + half
     meta_base = blocks.to(tl.int64) * (n_groups * 4) + r
+    w16 = w_ptr.to(tl.pointer_type(tl.int16))
+    up16 = up_ptr.to(tl.pointer_type(tl.int16))
+    low_half = (half & 1) == 0
     if PDL:
         tl.extra.cuda.gdc_wait()
     acc = tl.zeros((GROUPS, CH, RB, 4), tl.float32)
@@ -299,8 +379,8 @@ def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bi
     # one's before its own arithmetic, so that a warp has a read in flight while it computes
     # (Triton pipelines only loads that feed a dot product); it costs registers, hence
     # occupancy, so the tuner decides. The last iteration re-reads its own groups when EVEN.
-    words, s16, z16, words_up, s16_up, z16_up = _load_groups(
-        w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, word_base, meta_base, g_lo + g_i, g_hi,
+    words, s, z, words_up, s_up, z_up = _load_groups(
+        w16, s_ptr, z_ptr, up16, up_s_ptr, up_z_ptr, words_base, meta_base, g_lo + g_i, g_hi,
         block_ok, W, SWIGLU, EVEN)
     for g0 in range(g_lo, g_hi, GROUPS):
         groups = g0 + g_i
@@ -309,39 +389,19 @@ def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bi
             ahead = tl.minimum(g0 + GROUPS, g_hi - GROUPS) if EVEN else g0 + GROUPS
         else:
             ahead = g0
-        nxt = _load_groups(w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, word_base,
-                           meta_base, ahead + g_i, g_hi, block_ok, W, SWIGLU, EVEN)
+        nxt = _load_groups(w16, s_ptr, z_ptr, up16, up_s_ptr, up_z_ptr, words_base, meta_base,
+                           ahead + g_i, g_hi, block_ok, W, SWIGLU, EVEN)
         if not PREFETCH:
-            words, s16, z16, words_up, s16_up, z16_up = nxt
+            words, s, z, words_up, s_up, z_up = nxt
         x_at = groups * GROUP + position  # [GROUPS, CH, 1, WORDS, 1]
-        dot = tl.zeros((GROUPS, CH, RB, WORDS, 4), tl.float32)
-        dot_up = tl.zeros((GROUPS, CH, RB, WORDS, 4), tl.float32)
-        x_sum = tl.zeros((GROUPS, CH, 1, WORDS, 1), tl.float32)
-        x_w = tl.zeros((GROUPS, CH, 1, WORDS, 1), tl.float32)
-        for p in tl.static_range(4):
-            x_hi, sq_hi = _load_x(x_ptr, norm_ptr, x_at + (2 * p + 1) * W, g_ok, NORM, EVEN)
-            x_lo, sq_lo = _load_x(x_ptr, norm_ptr, x_at + 2 * p * W, g_ok, NORM, EVEN)
-            if NORM:
-                squares += sq_hi + sq_lo
-            x_lo16 = x_lo * 16.0
-            x_sum += x_hi + x_lo
-            x_w += x_hi + x_lo16
-            hi, lo = _nibble_pair(words, p, ONE)
-            dot += hi * x_hi  # two statements: each a multiply-add
-            dot += lo * x_lo16
-            if SWIGLU:
-                hi, lo = _nibble_pair(words_up, p, ONE)
-                dot_up += hi * x_hi
-                dot_up += lo * x_lo16
-        # the thread's WORDS positions summed (its own registers), then scale and zero applied
-        # once per group and row
-        xs = tl.sum(x_sum, axis=3)
-        xw = tl.sum(x_w, axis=3)
-        acc += tl.sum(s16, axis=3) * (tl.sum(dot, axis=3) - (xw + tl.sum(z16, axis=3) * xs))
+        x0, x1, x2, x3, unscale, x_sum, squares = _x_factors(
+            x_ptr, norm_ptr, x_at, W, g_ok, low_half, squares, NORM, EVEN)
+        d = _products(words, x0, x1, x2, x3, ASM)
+        acc = _group_sums(d, unscale, s, z, x_sum, acc)
         if SWIGLU:
-            acc_up += tl.sum(s16_up, axis=3) * (tl.sum(dot_up, axis=3)
-                                                - (xw + tl.sum(z16_up, axis=3) * xs))
-        words, s16, z16, words_up, s16_up, z16_up = nxt
+            d = _products(words_up, x0, x1, x2, x3, ASM)
+            acc_up = _group_sums(d, unscale, s_up, z_up, x_sum, acc_up)
+        words, s, z, words_up, s_up, z_up = nxt
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     y = tl.reshape(tl.sum(tl.sum(acc, axis=1), axis=0), (BLOCK_N,))
@@ -393,16 +453,17 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
         if config.block_n % 4:
             raise ValueError(f"block_n {config.block_n}: int4 rows come in blocks of four")
         positions = w.group_size // 8
-        if positions % config.words or config.words & (config.words - 1):
-            raise ValueError(f"words {config.words} does not divide a group's {positions} "
-                             "word positions into powers of two")
+        if positions % config.words or config.words & (config.words - 1) or config.words > 4:
+            raise ValueError(f"words {config.words}: a power of two up to 4 (a thread's fp16 "
+                             f"sums) that divides a group's {positions} word positions")
         u = w if up is None else up
         even = n % config.block_n == 0 and (k // w.group_size) % (config.split_k * groups) == 0
         _gemv_int4_kernel[grid](
             x, w.qweight, w.scales, w.zeros, u.qweight, u.scales, u.zeros,
             w.scales if bias is None else bias, w.scales if norm is None else norm, out, sums,
-            counts, n, k, k // 8, ONE_BITS, eps, GROUPS=groups, GROUP=w.group_size,
-            WORDS=config.words, PREFETCH=config.prefetch, EVEN=even, **flags, **pdl_options(x))
+            counts, n, k, k // 8, eps, GROUPS=groups, GROUP=w.group_size,
+            WORDS=config.words, PREFETCH=config.prefetch, EVEN=even, ASM=x.is_cuda, **flags,
+            **pdl_options(x))
         return
     scale = up_scale = None
     if isinstance(w, Fp8Weight):
