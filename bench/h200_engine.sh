@@ -37,6 +37,11 @@ DB=${DB:-bench/results/h200_engine.db}
 DEST=${OUT:-bench/results}
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export FLOORLINE_CACHE=${FLOORLINE_CACHE:-/tmp/floorline-cache}
+# llama.cpp where bench/h200_quantised.sh built it (setup, build-llamacpp): its paths then run here
+SITE=/tmp/site
+if [[ -e $SITE/llama_cpp/lib/libllama.so ]]; then
+  export PYTHONPATH=$PYTHONPATH:$SITE LLAMA_CPP_LIB_PATH=${LLAMA_CPP_LIB_PATH:-$SITE/llama_cpp/lib}
+fi
 fl() { python3 -m floorline "$@"; }
 MODELS=${MODELS:-qwen2.5-7b,llama-3.1-8b} CTX=${CTX:-2048,16384}
 
@@ -56,8 +61,7 @@ case ${1:?stage} in
   probe) fl probe --db "$DB" ;;
   quant)
     # llama.cpp Q4_0 joins the run where it is built (`bash bench/h200_quantised.sh setup
-    # build-llamacpp`, then PYTHONPATH=src:/tmp/site LLAMA_CPP_LIB_PATH=/tmp/site/llama_cpp/lib);
-    # RETUNE=1 tunes the int4 shapes again (after a change to the int4 kernel)
+    # build-llamacpp` first); RETUNE=1 tunes the int4 shapes again (after a change to the kernel)
     QDB=${DB%.db}_quant.db
     WEIGHTS=int4 HEAD=fp8 bash "$0" kernels || echo "stage failed"
     LLAMA=$(python3 -c "import llama_cpp" 2>/dev/null && echo ",llamacpp-q4_0" || true)
@@ -90,13 +94,14 @@ case ${1:?stage} in
     python3 bench/engine_kernels.py --model qwen2.5-7b --ctx 32768 --kv fp8 \
       --json "$DEST/h200_engine_kernels_qwen2.5-7b_kvfp8.json" ;;
   energy)
-    # J/token at ctx 2048 of every path in the README's headline (EXTRA_PATHS adds more, e.g.
-    # llamacpp-bf16,llamacpp-q4_0 after `bash bench/h200_quantised.sh setup build-llamacpp`),
-    # each read over at least a second of steps; then the engine's ctx 16384 cells warmed up
-    # until steady, with their drift.
+    # J/token at ctx 2048 of every path in the README's headline (llama.cpp's where built:
+    # `bash bench/h200_quantised.sh setup build-llamacpp` first; EXTRA_PATHS adds more), each
+    # read over at least a second of steps; then the engine's ctx 16384 cells warmed up until
+    # steady, with their drift.
     EDB=${DB%.db}_energy.db
+    LLAMA=$(python3 -c "import llama_cpp" 2>/dev/null && echo ",llamacpp-bf16,llamacpp-q4_0" || true)
     fl sweep --db "$EDB" --models qwen2.5-7b --ctx 2048 \
-      --paths "hf-eager,hf-static+graphs,hf-static+compile+graphs,engine,engine-fp8,engine-int4,engine-int4-fp8head${EXTRA_PATHS:+,$EXTRA_PATHS}" \
+      --paths "hf-eager,hf-static+graphs,hf-static+compile+graphs,engine,engine-fp8,engine-int4,engine-int4-fp8head$LLAMA${EXTRA_PATHS:+,$EXTRA_PATHS}" \
       || echo "stage failed"
     fl sweep --db "$EDB" --models qwen2.5-7b,llama-3.1-8b --ctx 16384 \
       --paths engine,engine-int4,engine-fp8 || echo "stage failed"
