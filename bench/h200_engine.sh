@@ -14,6 +14,7 @@
 #                                       built, llama.cpp Q4_0: the int4 kernels at both models' shapes,
 #                                       then the sweep into its own database
 #   bash bench/h200_engine.sh quant-check   their logits against transformers on dequantised weights
+#   bash bench/h200_engine.sh awq-marlin-check   the engine's int4 beside awq-marlin on one AWQ checkpoint
 #   bash bench/h200_engine.sh prefill   time to first token and peak memory of long prompts
 #   bash bench/h200_engine.sh longctx   decode at the models' full context (Qwen2.5-7B 32000, Llama-3.1-8B 131000)
 #   bash bench/h200_engine.sh kvfp8     the fp8 KV cache beside the 16-bit one (one call, about 8 minutes):
@@ -123,6 +124,8 @@ case ${1:?stage} in
       ${2:+--models $2} || echo "stage failed"
     python3 bench/engine_families_sass.py --json "$DEST/h200_engine_families_sass.json" ;;
   quant-check) python3 bench/engine_check.py --quantised --json "$DEST/h200_engine_quant_check.json" ;;
+  awq-marlin-check)  # FLOORLINE_MARLIN_LIB from `bash kernels/marlin/build.sh <its sdist>`
+    python3 bench/awq_marlin_check.py --json "$DEST/h200_awq_marlin_check.json" ;;
   explain)
     for p in ${EXPLAIN_PATHS:-engine}; do for m in ${MODELS//,/ }; do for c in ${CTX//,/ }; do
       fl explain --db "$DB" --model "$m" --ctx "$c" --path "$p" --json > "$DEST/h200_explain_${p}_${m}_$c.json"

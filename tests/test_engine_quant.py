@@ -9,6 +9,7 @@ from floorline.engine import quant
 from floorline.engine.check import relative_error
 from floorline.engine.kernels.gemv import GemvConfig, SplitPartials, gemv, gemv_reference
 from floorline.layouts import awq, gptq
+from floorline.layouts.checkpoint import write_packed_checkpoint
 from floorline.layouts.int4 import random_groups
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -216,44 +217,11 @@ def test_int4_needs_matrix_widths_that_hold_whole_groups():
 
 # --- checkpoints: AWQ and GPTQ loaded as they are, a 16-bit one quantised at load ---
 
-def _write_packed_checkpoint(directory, layout_name, group=128, **qc_extra):
-    """tiny-llama as an AutoAWQ GEMM or GPTQ v1 checkpoint with fp16 tensors; returns the
-    transformers model holding the matrices the packed tensors stand for."""
-    from safetensors.torch import save_file
-
-    from floorline.layouts import awq, gptq
-
-    layout = {"awq": awq, "gptq": gptq}[layout_name]
-    spec = resolve_model("tiny-llama")
-    hf = build_model(spec, "cpu", torch.float32, seed=5)
-    g = torch.Generator().manual_seed(6)
-    tensors = {}
-    head = hf.get_output_embeddings()
-    for name, module in hf.named_modules():
-        if not isinstance(module, torch.nn.Linear) or module is head:
-            continue
-        q, zeros, scales = random_groups(module.out_features, module.in_features, group, g, "cpu")
-        if layout_name == "gptq" and qc_extra.get("sym", True):
-            zeros = torch.full_like(zeros, 8)
-        packed = layout.pack(q, zeros, scales, group)
-        tensors.update({f"{name}.{k}": v for k, v in packed.items()})
-        # (q - zero) * scale in fp32, from the integers drawn (not through any unpacking)
-        cols = torch.arange(module.in_features) // group
-        module.weight.data.copy_((q - zeros.t()[:, cols]).float() * scales.float().t()[:, cols])
-    for name, p in hf.named_parameters():
-        if not any(name.startswith(k.rsplit(".", 1)[0] + ".") for k in tensors):
-            tensors[name] = p.data.to(torch.float16).contiguous()
-            p.data.copy_(tensors[name].float())  # the run's weights are the stored ones
-    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    config = hf.config.to_dict()
-    qc = ({"quant_method": "awq", "bits": 4, "group_size": group, "version": "gemm",
-           "zero_point": True} if layout_name == "awq" else
-          {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": False,
-           "sym": True, "checkpoint_format": "gptq"})
-    config["quantization_config"] = {**qc, **qc_extra}
-    config["torch_dtype"] = "float16"
-    (directory / "config.json").write_text(__import__("json").dumps(config))
-    return hf
+def _write_packed_checkpoint(directory, layout_name, **qc_extra):
+    """tiny-llama as an AutoAWQ GEMM or GPTQ v1 checkpoint; returns the transformers model
+    holding the matrices the packed tensors stand for."""
+    return write_packed_checkpoint(resolve_model("tiny-llama"), directory, layout_name,
+                                   **qc_extra)
 
 
 def _teacher_forced_errors(engine, hf, tokens):
