@@ -36,7 +36,7 @@ GEMV_TYPES = {"x_ptr": "*fp32", "w_ptr": "*bf16", "up_ptr": "*bf16", "bias_ptr":
 INT4_TYPES = {"x_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
               "up_ptr": "*i32", "up_s_ptr": "*fp16", "up_z_ptr": "*u8", "bias_ptr": "*bf16",
               "norm_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32",
-              "N": "i32", "K": "i32", "K_WORDS": "i32", "ONE": "i32", "eps": "fp32"}
+              "N": "i32", "K": "i32", "K_WORDS": "i32", "eps": "fp32"}
 NORM_TYPES = {"x_ptr": "*fp32", "w_ptr": "*fp32", "h_ptr": "*fp32", "N": "i32", "eps": "fp32"}
 
 
@@ -63,7 +63,7 @@ def int4_geglu(name, split_k=1, gelu=True):
     return name, _gemv_int4_kernel, INT4_TYPES, dict(
         NORM=True, SWIGLU=True, GELU=gelu, BIAS=False, ACCUMULATE=False, REDUCE=split_k > 1,
         BLOCK_N=8, GROUPS=4, GROUP=128, WORDS=4, PREFETCH=False, SPLIT_K=split_k, EVEN=True,
-        PDL=True), 2
+        PDL=True, ASM=True), 2
 
 
 VARIANTS = [

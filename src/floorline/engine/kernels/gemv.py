@@ -184,8 +184,6 @@ def _finish(y, y_up, sum_squares, rows, row_ok, pid_k, bias_ptr, out_ptr, K, eps
         tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
 
 
-
-
 @triton.jit
 def _load_x(x_ptr, norm_ptr, at, ok, NORM: tl.constexpr, EVEN: tl.constexpr):
     """x at `at` in fp32, times the norm's weight when NORM; and x's squares (for the norm)."""
