@@ -62,7 +62,7 @@ def gemv_geglu(name, n, k, split_k=1):
 def int4_geglu(name, split_k=1, gelu=True):
     return name, _gemv_int4_kernel, INT4_TYPES, dict(
         NORM=True, SWIGLU=True, GELU=gelu, BIAS=False, ACCUMULATE=False, REDUCE=split_k > 1,
-        BLOCK_N=8, GROUPS=4, GROUP=128, WORDS=4, PREFETCH=False, SPLIT_K=split_k, EVEN=True,
+        BLOCK_N=8, GROUPS=4, GROUP=128, WORDS=4, SPLIT_K=split_k, EVEN=True,
         PDL=True, ASM=True), 2
 
 

@@ -33,7 +33,7 @@ POINTERS = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
             "up_s_ptr": "*fp16", "up_z_ptr": "*u8", "bias_ptr": "*bf16", "norm_ptr": "*bf16",
             "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32"}
 CONSTEXPRS = ("NORM", "SWIGLU", "GELU", "BIAS", "ACCUMULATE", "REDUCE", "BLOCK_N", "GROUPS",
-              "GROUP", "WORDS", "PREFETCH", "SPLIT_K", "EVEN", "PDL", "ASM")
+              "GROUP", "WORDS", "SPLIT_K", "EVEN", "PDL", "ASM")
 
 
 def cuobjdump(cubin: bytes, flag: str) -> str:
@@ -71,8 +71,7 @@ def opcode(instruction: str) -> str:
     return re.sub(r"^@!?P\d+ ", "", instruction).split()[0].split(".")[0]
 
 
-def compile_loop(block_n: int, groups: int, warps: int, words: int, prefetch: bool,
-                 norm_swiglu: bool) -> dict:
+def compile_loop(block_n: int, groups: int, warps: int, words: int, norm_swiglu: bool) -> dict:
     signature = {**POINTERS, "N": "i32", "K": "i32", "K_WORDS": "i32", "eps": "fp32",
                  **{c: "constexpr" for c in CONSTEXPRS}}
     if norm_swiglu:
@@ -81,8 +80,7 @@ def compile_loop(block_n: int, groups: int, warps: int, words: int, prefetch: bo
     attrs = {(_gemv_int4_kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in divisible}
     constexprs = dict(NORM=norm_swiglu, SWIGLU=norm_swiglu, GELU=False, BIAS=False,
                       ACCUMULATE=False, REDUCE=False, BLOCK_N=block_n, GROUPS=groups,
-                      GROUP=128, WORDS=words, PREFETCH=prefetch, SPLIT_K=1, EVEN=True, PDL=True,
-                      ASM=True)
+                      GROUP=128, WORDS=words, SPLIT_K=1, EVEN=True, PDL=True, ASM=True)
     src = ASTSource(fn=_gemv_int4_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=warps, num_stages=3))
@@ -91,7 +89,7 @@ def compile_loop(block_n: int, groups: int, warps: int, words: int, prefetch: bo
     weights = block_n * groups * 16 / (warps * 32) * 8 * (2 if norm_swiglu else 1)
     registers, stack = resource_usage(kernel.asm["cubin"])
     return {"block_n": block_n, "groups": groups, "warps": warps, "words": words,
-            "prefetch": prefetch, "registers": registers, "spilled_bytes": stack,
+            "registers": registers, "spilled_bytes": stack,
             "norm_swiglu": norm_swiglu,
             "loop_instructions": len(body), "weights_per_thread": weights,
             "per_weight": len(body) / weights, "shared_memory_barriers": ops["BAR"],
@@ -112,14 +110,14 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)
     shapes = GRID if args.grid else INT4_SHAPES
-    rows = [compile_loop(bn, g, w, v, p, fused) for fused in (False, True)
-            for bn, g, w, v in shapes for p in (False, True)]
-    print(f"{'block_n':>7} {'groups':>6} {'warps':>5} {'words':>5} {'prefetch':>8} "
+    rows = [compile_loop(bn, g, w, v, fused) for fused in (False, True)
+            for bn, g, w, v in shapes]
+    print(f"{'block_n':>7} {'groups':>6} {'warps':>5} {'words':>5} "
           f"{'norm+swiglu':>11} {'regs':>4} {'spill':>5} {'loop':>5} {'weights':>7} "
           f"{'per weight':>10}  most frequent")
     for r in rows:
         print(f"{r['block_n']:7} {r['groups']:6} {r['warps']:5} {r['words']:5} "
-              f"{str(r['prefetch']):>8} {str(r['norm_swiglu']):>11} {r['registers']:4} "
+              f"{str(r['norm_swiglu']):>11} {r['registers']:4} "
               f"{r['spilled_bytes']:5} "
               f"{r['loop_instructions']:5} {r['weights_per_thread']:7.0f} {r['per_weight']:10.2f}  "
               + ", ".join(f"{k} {v}" for k, v in r["top"]))

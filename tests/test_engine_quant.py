@@ -101,8 +101,8 @@ def _weights(fmt, n, k, g, group):
 
 
 GEMV_CONFIGS = [GemvConfig(8, 128), GemvConfig(16, 256, num_warps=8, words=2),
-                GemvConfig(4, 128, split_k=3, prefetch=True),
-                GemvConfig(8, 256, split_k=2, words=4, prefetch=True),
+                GemvConfig(4, 128, split_k=3),
+                GemvConfig(8, 256, split_k=2, words=4),
                 GemvConfig(16, 128, num_warps=1, words=2, split_k=2)]
 GEMV_CASES = [(fmt, group, n, config)
               for fmt, group in [("int4", 32), ("int4", 64), ("int4", 128), ("fp8", 0)]

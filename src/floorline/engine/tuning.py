@@ -35,9 +35,8 @@ SPLITS = [(4, 512, 4, 2), (8, 256, 4, 2), (4, 512, 4, 4), (8, 256, 4, 4), (2, 10
 # int4: (block_n, groups per iteration, warps, words per thread); threads spread over a tile's
 # groups x (16 / words) positions (group 128), so these fill a program's threads without
 # spreading over rows. Tiles that Triton 3.6 lays out without shared-memory shuffles in the loop
-# (read from the compiled code with its registers and spills: bench/engine_int4_sass.py); each
-# with and without the next iteration's words prefetched; then splits as above. Triton
-# pipelines none of these loads, so the depth of its software pipeline is not tried.
+# (read from the compiled code with its registers and spills: bench/engine_int4_sass.py); then
+# splits as above. The loop reads its words as it reaches them (see the int4 kernel on why).
 INT4_SHAPES = [(8, 4, 1, 2), (16, 4, 1, 2), (8, 8, 1, 4), (8, 8, 2, 2), (16, 8, 2, 2),
                (16, 8, 1, 4)]
 INT4_SPLITS = [(8, 4, 1, 2, 2), (16, 4, 1, 2, 2), (8, 4, 1, 2, 4), (16, 4, 1, 2, 4),
@@ -50,10 +49,8 @@ def candidates(k: int, group: int | None = None) -> list[GemvConfig]:
     if group is not None:
         most = triton.next_power_of_2(max(1, k // group))
         positions = group // 8
-        configs = [GemvConfig(bn, min(g, most) * group, w, s, words=min(v, positions),
-                              prefetch=p)
-                   for bn, g, w, v, s in [(*shape, 1) for shape in INT4_SHAPES] + INT4_SPLITS
-                   for p in (False, True)]
+        configs = [GemvConfig(bn, min(g, most) * group, w, s, words=min(v, positions))
+                   for bn, g, w, v, s in [(*shape, 1) for shape in INT4_SHAPES] + INT4_SPLITS]
         return list(dict.fromkeys(c for c in configs if c.fits(k)))
     widest = max(16, triton.next_power_of_2(k))
     configs = [GemvConfig(bn, min(bk, widest), w) for bn, bk, w in SHAPES]

@@ -42,7 +42,6 @@ class GemvConfig:
     split_k: int = 1
     num_stages: int = 3
     words: int = 1  # int4: consecutive word positions of a group that one thread holds
-    prefetch: bool = False  # int4: read the next iteration's words before this one's arithmetic
 
     def fits(self, k: int) -> bool:
         # a split smaller than a block would leave programs with no work
@@ -330,7 +329,7 @@ def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bi
                       SWIGLU: tl.constexpr, BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
                       REDUCE: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS: tl.constexpr, GROUP: tl.constexpr, WORDS: tl.constexpr,
-                      PREFETCH: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
+                      SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
                       PDL: tl.constexpr, GELU: tl.constexpr, ASM: tl.constexpr):
     """int4 weights in floorline.engine.quant's layout. A program owns BLOCK_N rows (RB =
     BLOCK_N / 4 blocks of four interleaved rows) and reads GROUPS groups of them per iteration
@@ -373,24 +372,16 @@ def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bi
     acc = tl.zeros((GROUPS, CH, RB, 4), tl.float32)
     acc_up = tl.zeros((GROUPS, CH, RB, 4), tl.float32)
     squares = tl.zeros((GROUPS, CH, 1, WORDS, 1), tl.float32)
-    # PREFETCH: the first iteration's words are read here and each iteration asks for the next
-    # one's before its own arithmetic, so that a warp has a read in flight while it computes
-    # (Triton pipelines only loads that feed a dot product); it costs registers, hence
-    # occupancy, so the tuner decides. The last iteration re-reads its own groups when EVEN.
-    words, s, z, words_up, s_up, z_up = _load_groups(
-        w16, s_ptr, z_ptr, up16, up_s_ptr, up_z_ptr, words_base, meta_base, g_lo + g_i, g_hi,
-        block_ok, W, SWIGLU, EVEN)
+    # The loop reads its tiles as it reaches them; the warps of an SM keep the reads in flight.
+    # On the H200, reading the next iteration's words ahead into registers, and Triton's
+    # software pipeline through shared memory (tl.range with 2 or 3 stages), each lost at every
+    # tuned shape (docs/results-h200.md, the int4 step).
     for g0 in range(g_lo, g_hi, GROUPS):
         groups = g0 + g_i
         g_ok = groups < g_hi
-        if PREFETCH:
-            ahead = tl.minimum(g0 + GROUPS, g_hi - GROUPS) if EVEN else g0 + GROUPS
-        else:
-            ahead = g0
-        nxt = _load_groups(w16, s_ptr, z_ptr, up16, up_s_ptr, up_z_ptr, words_base, meta_base,
-                           ahead + g_i, g_hi, block_ok, W, SWIGLU, EVEN)
-        if not PREFETCH:
-            words, s, z, words_up, s_up, z_up = nxt
+        words, s, z, words_up, s_up, z_up = _load_groups(
+            w16, s_ptr, z_ptr, up16, up_s_ptr, up_z_ptr, words_base, meta_base, groups, g_hi,
+            block_ok, W, SWIGLU, EVEN)
         x_at = groups * GROUP + position  # [GROUPS, CH, 1, WORDS, 1]
         x0, x1, x2, x3, unscale, x_sum, squares = _x_factors(
             x_ptr, norm_ptr, x_at, W, g_ok, low_half, squares, NORM, EVEN)
@@ -399,7 +390,6 @@ def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bi
         if SWIGLU:
             d = _products(words_up, x0, x1, x2, x3, ASM)
             acc_up = _group_sums(d, unscale, s_up, z_up, x_sum, acc_up)
-        words, s, z, words_up, s_up, z_up = nxt
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     y = tl.reshape(tl.sum(tl.sum(acc, axis=1), axis=0), (BLOCK_N,))
@@ -460,7 +450,7 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
             x, w.qweight, w.scales, w.zeros, u.qweight, u.scales, u.zeros,
             w.scales if bias is None else bias, w.scales if norm is None else norm, out, sums,
             counts, n, k, k // 8, eps, GROUPS=groups, GROUP=w.group_size,
-            WORDS=config.words, PREFETCH=config.prefetch, EVEN=even, ASM=x.is_cuda, **flags,
+            WORDS=config.words, EVEN=even, ASM=x.is_cuda, **flags,
             **pdl_options(x))
         return
     scale = up_scale = None
