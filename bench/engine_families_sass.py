@@ -5,12 +5,17 @@ one), so each variant is compiled here at its model's real shape, as the engine 
 
     python bench/engine_families_sass.py [--json out.json]
 
-Prints, per variant, the registers a thread uses and the bytes it spills.
+Prints, per variant, the registers a thread uses, the bytes it spills and the shared memory a
+program takes; where the kernel has a loop, the loop's instructions and, among them, the
+asynchronous copies from global memory into shared memory (LDGSTS: the loads Triton's software
+pipeline runs ahead), the loads from shared memory into registers (LDS, LDSM) and the
+conversions of packed values (F2FP).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 from pathlib import Path
@@ -19,7 +24,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from engine_int4_sass import resource_usage  # beside this script
+from engine_int4_sass import loop_body, opcode, resource_usage  # beside this script
 from floorline.engine.kernels.attention import _attention_split_kernel, attention_warps
 from floorline.engine.kernels.gemv import _gemv_int4_kernel, _gemv_kernel
 from floorline.engine.kernels.norm import _add_norm_kernel
@@ -73,6 +78,7 @@ VARIANTS = [
               True),
     attention("attention gemma-3-12b global (q/k norm, d 256)", 16, 8, 256, 256, True, False),
     attention("attention gemma-3-12b local, fp8 cache", 16, 8, 256, 256, True, True, fp8=True),
+    attention("attention llama-3.1-8b, 16-bit cache", 32, 8, 128, 128, False, False),
     attention("attention llama-3.1-8b, fp8 cache", 32, 8, 128, 128, False, False, fp8=True),
     attention("attention phi-4-mini (96 of 128 dims turned, window)", 24, 8, 128, 96, False,
               True),
@@ -97,8 +103,17 @@ def compile_variant(name, kernel, types, constexprs, warps) -> dict:
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=warps, num_stages=3))
-    registers, stack = resource_usage(compiled.asm["cubin"])
-    return {"variant": name, "registers": registers, "spilled_bytes": stack}
+    cubin = compiled.asm["cubin"]
+    registers, stack = resource_usage(cubin)
+    row = {"variant": name, "registers": registers, "spilled_bytes": stack,
+           "shared_bytes": compiled.metadata.shared}
+    try:
+        body = loop_body(cubin)
+    except IndexError:  # no backward branch: the kernel has no loop
+        return row
+    ops = collections.Counter(opcode(t) for t in body)
+    return {**row, "loop_instructions": len(body), "loop_async_copies": ops["LDGSTS"],
+            "loop_shared_loads": ops["LDS"] + ops["LDSM"], "loop_conversions": ops["F2FP"]}
 
 
 def main() -> None:
@@ -110,8 +125,11 @@ def main() -> None:
     for variant in VARIANTS:
         rows.append(compile_variant(*variant))
         r = rows[-1]
-        print(f"{r['variant']:58} registers {r['registers']:4} spilled {r['spilled_bytes']:5} B",
-              flush=True)
+        loop = (f" | loop {r['loop_instructions']:5}: async copies {r['loop_async_copies']:3}, "
+                f"shared loads {r['loop_shared_loads']:3}, conversions {r['loop_conversions']:3}"
+                if "loop_instructions" in r else "")
+        print(f"{r['variant']:58} registers {r['registers']:4} spilled {r['spilled_bytes']:5} B "
+              f"shared {r['shared_bytes']:6} B{loop}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
