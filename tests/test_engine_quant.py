@@ -253,6 +253,20 @@ def test_packed_checkpoints_run_as_stored(tmp_path, layout_name, extra):
         Engine(spec, "cpu", 32, dtype=torch.float32, weights="fp8")
 
 
+def test_packed_checkpoints_keep_the_linears_biases(tmp_path):
+    from safetensors import safe_open
+
+    hf = write_packed_checkpoint(resolve_model("tiny-qwen2"), tmp_path, "awq", group=32)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        bias = f.get_tensor("model.layers.0.self_attn.q_proj.bias")
+    assert "model.layers.0.self_attn.q_proj.weight" not in names  # stored packed instead
+    assert {"model.layers.0.self_attn.q_proj.qweight", "model.layers.0.self_attn.k_proj.bias",
+            "model.layers.0.self_attn.v_proj.bias"} <= names
+    assert bias.dtype == torch.float16
+    assert torch.equal(hf.model.layers[0].self_attn.q_proj.bias, bias.float())
+
+
 @pytest.mark.parametrize("extra, message", [
     ({"desc_act": True}, "act-order"), ({"bits": 8}, "4 bits, group 128"),
     ({"checkpoint_format": "gptq_v2"}, "reads v1"),

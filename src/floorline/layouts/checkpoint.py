@@ -35,6 +35,7 @@ def write_packed_checkpoint(model_spec, directory: Path, layout_name: str, *, gr
     generator = torch.Generator(device).manual_seed(seed + 1)
     qc = {**QUANTIZATION_CONFIGS[layout_name], "group_size": group, **qc_extra}
     tensors = {}
+    packed_weights = set()  # the linears' weights, stored packed; their biases stay fp16
     head = hf.get_output_embeddings()
     with torch.no_grad():
         for name, module in hf.named_modules():
@@ -46,10 +47,11 @@ def write_packed_checkpoint(model_spec, directory: Path, layout_name: str, *, gr
                 zeros = torch.full_like(zeros, 8)
             packed = layout.pack(q, zeros, scales, group)
             tensors.update({f"{name}.{k}": v.cpu() for k, v in packed.items()})
+            packed_weights.add(f"{name}.weight")
             cols = torch.arange(module.in_features, device=device) // group
             module.weight.copy_((q - zeros.t()[:, cols]).float() * scales.float().t()[:, cols])
         for name, p in hf.named_parameters():
-            if not any(name.startswith(k.rsplit(".", 1)[0] + ".") for k in tensors):
+            if name not in packed_weights:
                 stored = p.to(torch.float16)
                 tensors[name] = stored.cpu().contiguous()
                 p.copy_(stored.float())  # the reference runs on the stored values

@@ -7,6 +7,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, PercentFormatter  # noqa: E402
 
 from floorline.hardware import lookup  # noqa: E402
@@ -194,27 +195,40 @@ NO_ENERGY = ("No cell here has its energy per token: `floorline sweep` measures 
 
 
 def energy_vs_time(cells):
-    """Joules per token against ms per token (batch 1: one token a step), per path; log axes,
+    """Joules per token against ms per token (batch 1: one token a step): a colour per path, a
+    marker per model, each path's contexts for one model joined in order of context; log axes,
     since both span the paths' tenfold range."""
     cells = [c for c in _valid(cells) if c.details.get("energy")]
     if not cells:
         return None, [], NO_ENERGY
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for path in sorted({c.path for c in cells}):
-        pts = [c for c in cells if c.path == path]
-        ax.scatter([c.median_ms for c in pts],
-                   [c.details["energy"]["joules_per_token"] for c in pts], label=path, alpha=0.8)
-        for c in pts:
-            ax.annotate(f"{c.model} ctx {c.ctx}", (c.median_ms,
-                        c.details["energy"]["joules_per_token"]), textcoords="offset points",
-                        xytext=(4, 4), fontsize=7)
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    paths = sorted({c.path for c in cells})
+    models = sorted({c.model for c in cells})
+    markers = {m: "osD^vP*Xh<>p"[i % 12] for i, m in enumerate(models)}
+    palette = plt.get_cmap("tab10" if len(paths) <= 10 else "tab20")
+    colours = {p: palette(i % palette.N) for i, p in enumerate(paths)}
+    for path in paths:
+        for model in models:
+            pts = sorted((c for c in cells if c.path == path and c.model == model),
+                         key=lambda c: c.ctx)
+            if pts:
+                ax.plot([c.median_ms for c in pts],
+                        [c.details["energy"]["joules_per_token"] for c in pts],
+                        color=colours[path], marker=markers[model], lw=0.8, alpha=0.85)
     ax.set(xscale="log", yscale="log", xlim=_log_range([c.median_ms for c in cells]),
            ylim=_log_range([c.details["energy"]["joules_per_token"] for c in cells]),
            xlabel="ms/token (median of the timed steps)",
            ylabel="J/token (GPU energy over the timed steps)",
-           title="Energy per token against time per token")
+           title="Energy per token against time per token (lines: one path and model, "
+                 "contexts in order)")
+    ax.title.set_fontsize(9)
+    by_path = ax.legend(handles=[Line2D([], [], color=colours[p], lw=2, label=p) for p in paths],
+                        title="path", fontsize=7, title_fontsize=7, loc="upper left")
+    ax.add_artist(by_path)
+    ax.legend(handles=[Line2D([], [], color="0.3", marker=markers[m], ls="", label=m)
+                       for m in models], title="model", fontsize=7, title_fontsize=7,
+              loc="lower right")
     plain(ax.xaxis)
     plain(ax.yaxis)
-    ax.legend(fontsize=7)
     return fig, [c.id for c in cells], None
 
