@@ -89,9 +89,9 @@ def test_quantised_weights_decode_like_transformers_on_them(name, weights, backe
     r = compare_with_transformers(spec(name), "cpu", torch.float32, prompt_len=16, steps=steps,
                                   weights=weights, group_size=32, backend=backend)
     assert r.argmax_agree == r.positions == steps + 1
-    # the int4 kernel multiplies in fp16 even in an fp32 run (1e-3 seen), against 0.2 for the
-    # quantisation itself
-    band = 2e-3 if backend == "triton" and weights == "int4" else 1e-4
+    # the int4 kernel rounds x to 16-bit integers even in an fp32 run (1.8e-4 seen), against
+    # 0.2 for the quantisation itself
+    band = 1e-3 if backend == "triton" and weights == "int4" else 1e-4
     assert max(r.errors) < band and min(r.quant_vs_16bit) > 10 * band
 
 

@@ -131,16 +131,16 @@ def test_quantised_gemv_fusions_match_the_reference(fmt, group, n, config):
                 ref = mine.clone()
             gemv(x, w, mine, config=config, partials=partials, **kwargs)
             gemv_reference(x, w, ref, **kwargs)
-            # int4's products are fp16 (a rounding of 2.4e-4 each, 4e-4 seen here, under a
-            # bf16 output's 2e-3), against 1e-1 for one misplaced nibble
-            assert relative_error(mine, ref) < (1.5e-3 if fmt == "int4" else 1e-5), (
+            # int4 takes x as 16-bit integers scaled per chunk (a rounding of 2^-14 of the
+            # chunk's largest, 1.8e-4 seen here), against 1e-1 for one misplaced nibble
+            assert relative_error(mine, ref) < (5e-4 if fmt == "int4" else 1e-5), (
                 fmt, kwargs.keys())
 
 
 @pytest.mark.parametrize("magnitude", [1e-7, 1e-3, 1e4])
 def test_int4_gemv_keeps_its_precision_at_any_magnitude_of_x(magnitude):
-    # fp16 products on x scaled per chunk: a residual stream of any size, normalised only after
-    # the product, is neither flushed to zero nor overflowed
+    # x as integers scaled per chunk: a residual stream of any size, normalised only after the
+    # product, is neither flushed to zero nor overflowed
     g = torch.Generator().manual_seed(11)
     w, up = _weights("int4", 32, 256, g, 128), _weights("int4", 32, 256, g, 128)
     x, norm = _draw(256, g) * magnitude, _draw(256, g, torch.bfloat16)
@@ -148,7 +148,7 @@ def test_int4_gemv_keeps_its_precision_at_any_magnitude_of_x(magnitude):
         mine, ref = torch.zeros(32, device=DEVICE), torch.zeros(32, device=DEVICE)
         gemv(x, w, mine, config=GemvConfig(16, 256, words=4), **kwargs)
         gemv_reference(x, w, ref, **kwargs)
-        assert relative_error(mine, ref) < 1.5e-3, kwargs.keys()
+        assert relative_error(mine, ref) < 5e-4, kwargs.keys()
 
 
 def test_int4_gemv_refuses_a_block_that_splits_a_group():
@@ -159,8 +159,8 @@ def test_int4_gemv_refuses_a_block_that_splits_a_group():
         gemv(x, w, out, config=GemvConfig(8, 64))
     with pytest.raises(ValueError, match="share a format"):
         gemv(x, w, out, config=GemvConfig(8, 128), up=w.dequantize())
-    with pytest.raises(ValueError, match="a power of two up to 4"):
-        gemv(x, w, out, config=GemvConfig(8, 128, words=8))
+    with pytest.raises(ValueError, match="a power of two that divides"):
+        gemv(x, w, out, config=GemvConfig(8, 128, words=3))
 
 
 # --- the engine on quantised weights against transformers on the same (dequantised) weights ---
@@ -202,9 +202,9 @@ def test_the_int4_kernels_decode_like_transformers():
     r = compare_with_transformers(resolve_model("tiny-llama"), "cpu", torch.float32,
                                   prompt_len=8, steps=6, backend="triton", graph=False,
                                   weights="int4", head="fp8")
-    # the int4 kernel multiplies in fp16 even in an fp32 run (6e-4 seen), against 0.17 for the
-    # quantisation itself (reported, not asserted)
-    assert r.argmax_agree == r.positions == 7 and max(r.errors) < 2e-3
+    # the int4 kernel rounds x to 16-bit integers even in an fp32 run (6.5e-5 seen), against
+    # 0.17 for the quantisation itself (reported, not asserted)
+    assert r.argmax_agree == r.positions == 7 and max(r.errors) < 5e-4
 
 
 def test_int4_needs_matrix_widths_that_hold_whole_groups():

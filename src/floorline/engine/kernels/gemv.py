@@ -201,7 +201,7 @@ def _load_x(x_ptr, norm_ptr, at, ok, NORM: tl.constexpr, EVEN: tl.constexpr):
 
 @triton.jit
 def _load_int4(w_ptr, s_ptr, z_ptr, words_at, meta_at, ok, EVEN: tl.constexpr):
-    """A tile of half-words, and scale and zero point of their groups in fp32."""
+    """A tile of words, and scale (fp32) and zero point (int32) of their groups."""
     if EVEN:
         words = tl.load(w_ptr + words_at)
         s = tl.load(s_ptr + meta_at)
@@ -210,7 +210,7 @@ def _load_int4(w_ptr, s_ptr, z_ptr, words_at, meta_at, ok, EVEN: tl.constexpr):
         words = tl.load(w_ptr + words_at, mask=ok, other=0)
         s = tl.load(s_ptr + meta_at, mask=ok, other=0.0)
         z = tl.load(z_ptr + meta_at, mask=ok, other=0)
-    return words, s.to(tl.float32), z.to(tl.float32)
+    return words, s.to(tl.float32), z.to(tl.int32)
 
 
 @triton.jit
@@ -219,7 +219,7 @@ def _load_groups(w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, words_base, me
     """The gate's (or only) tile of `groups` and, with SWIGLU, the up matrix's (else the gate's
     again, unread)."""
     ok = (groups < g_hi) & block_ok
-    words_at = words_base + groups * (W * 8)
+    words_at = words_base + groups * (W * 4)
     meta_at = meta_base + groups * 4
     words, s, z = _load_int4(w_ptr, s_ptr, z_ptr, words_at, meta_at, ok, EVEN)
     if SWIGLU:
@@ -230,14 +230,19 @@ def _load_groups(w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, words_base, me
 
 
 @triton.jit
-def _x_factors(x_ptr, norm_ptr, x_at, W: tl.constexpr, ok, low_half, squares,
-               NORM: tl.constexpr, EVEN: tl.constexpr):
-    """The group's eight runs of x at the tile's positions as the fp16 factors of nibbles 0..3
-    of a word's halves (runs m and 4 + m side by side, like the half-words), each chunk's x
-    scaled by a power of two that puts its largest |x| in [64, 128): its 8 * WORDS products of
-    |q - 8| <= 8 then sum below 2^15 in fp16, whatever x's magnitude (the residual stream is
-    normalised only after the product). Also that power's inverse, x's fp32 sum and the norm's
-    squares."""
+def _rounded(v):
+    """v (|v| < 2^22) rounded to the nearest integer (ties to even), as int32: adding 1.5 * 2^23
+    leaves the integer in the low bits of the float."""
+    return (v + 12582912.0).to(tl.int32, bitcast=True) - 0x4B400000
+
+
+@triton.jit
+def _x_integers(x_ptr, norm_ptr, x_at, W: tl.constexpr, ok, squares, NORM: tl.constexpr,
+                EVEN: tl.constexpr):
+    """The group's eight runs of x at the tile's positions as integers: each chunk's x times the
+    power of two that puts its largest |x| in [2^13, 2^14), rounded, so that they fit 16 bits
+    whatever x's magnitude (the residual stream is normalised only after the product). Also
+    that power's inverse, the integers' sum per position and the norm's squares."""
     x0, sq0 = _load_x(x_ptr, norm_ptr, x_at, ok, NORM, EVEN)
     x1, sq1 = _load_x(x_ptr, norm_ptr, x_at + W, ok, NORM, EVEN)
     x2, sq2 = _load_x(x_ptr, norm_ptr, x_at + 2 * W, ok, NORM, EVEN)
@@ -252,75 +257,74 @@ def _x_factors(x_ptr, norm_ptr, x_at, W: tl.constexpr, ok, low_half, squares,
                                 tl.maximum(tl.abs(x2), tl.abs(x3))),
                      tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)),
                                 tl.maximum(tl.abs(x6), tl.abs(x7))))
-    # the exponent field of the chunk's largest |x| (at least 2^-100, so that both powers below
-    # stay normal floats); scale = 2^(6 - e), unscale = 2^(e - 6), built from their bits
+    # the exponent field e of the chunk's largest |x| (at least 2^-100, so that both powers
+    # below stay normal floats); scale = 2^(13 - e), unscale = 2^(e - 13), built from their bits
     e = tl.maximum(tl.expand_dims(tl.max(big, axis=3), 3).to(tl.int32, bitcast=True) & 0x7F800000,
                    27 << 23)
-    scale = (((130 << 23) - e) + (130 << 23)).to(tl.float32, bitcast=True)  # 260 << 23 > int32
-    unscale = (e - (6 << 23)).to(tl.float32, bitcast=True)
-    f0 = tl.where(low_half, x0 * scale, x4 * scale).to(tl.float16)
-    f1 = tl.where(low_half, x1 * scale, x5 * scale).to(tl.float16)
-    f2 = tl.where(low_half, x2 * scale, x6 * scale).to(tl.float16)
-    f3 = tl.where(low_half, x3 * scale, x7 * scale).to(tl.float16)
-    x_sum = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))
-    return f0, f1, f2, f3, unscale, x_sum, squares
+    scale = (((140 << 23) - e) + (127 << 23)).to(tl.float32, bitcast=True)  # 267 << 23 > int32
+    unscale = (e - (13 << 23)).to(tl.float32, bitcast=True)
+    i0, i1 = _rounded(x0 * scale), _rounded(x1 * scale)
+    i2, i3 = _rounded(x2 * scale), _rounded(x3 * scale)
+    i4, i5 = _rounded(x4 * scale), _rounded(x5 * scale)
+    i6, i7 = _rounded(x6 * scale), _rounded(x7 * scale)
+    i_sum = ((i0 + i1) + (i2 + i3)) + ((i4 + i5) + (i6 + i7))
+    return i0, i1, i2, i3, i4, i5, i6, i7, unscale, i_sum, squares
 
 
 @triton.jit
-def _products(words, x0, x1, x2, x3, ASM: tl.constexpr):
-    """Per 16-bit half-word, the sum over its four nibbles m of (q - 8) times x_m, in fp16.
-    Each nibble becomes an fp16 by or-ing it under the exponent of 1024, where fp16's mantissa
-    counts in ones: 1024 + q for nibbles 0 and 2, 1024 + 16 q for 1 and 3 (read in place); the
-    offsets come off exactly (- 1032, / 16 - 72). A 32-bit word holds two halves, so on the
-    GPU every instruction serves two weights: PTX with the two halves of a register paired
-    (Triton emits its logic one value at a time and pairs its fp16 arithmetic as it sees fit).
-    The interpreter runs the same arithmetic a half-word at a time."""
+def _dots(words, i0, i1, i2, i3, i4, i5, i6, i7, ASM: tl.constexpr):
+    """Per word, the sum over its nibbles j of q_j times x's integer i_j, exact in int32. On the
+    GPU two integer dot-product instructions (dp2a) per four nibbles: the even nibbles masked
+    into bytes 0..3, the odd ones shifted down and masked, each byte pair against two 16-bit
+    integers packed in a register. The interpreter runs the same sum a nibble at a time."""
     if ASM:
         return tl.inline_asm_elementwise(
             asm="""{
-            .reg .b32 a, b, c, d, t, k1032, k16, k72;
-            mov.b32 k1032, 0x64086408;
-            mov.b32 k16, 0x2c002c00;
-            mov.b32 k72, 0xd480d480;
-            lop3.b32 a, $1, 0x000f000f, 0x64006400, 0xea;
-            lop3.b32 b, $1, 0x00f000f0, 0x64006400, 0xea;
-            shr.u32 t, $1, 8;
-            lop3.b32 c, t, 0x000f000f, 0x64006400, 0xea;
-            lop3.b32 d, t, 0x00f000f0, 0x64006400, 0xea;
-            sub.f16x2 a, a, k1032;
-            fma.rn.f16x2 b, b, k16, k72;
-            sub.f16x2 c, c, k1032;
-            fma.rn.f16x2 d, d, k16, k72;
-            mul.f16x2 $0, a, $2;
-            fma.rn.f16x2 $0, b, $3, $0;
-            fma.rn.f16x2 $0, c, $4, $0;
-            fma.rn.f16x2 $0, d, $5, $0;
+            .reg .b32 e, o;
+            and.b32 e, $1, 0x0f0f0f0f;
+            shr.u32 o, $1, 4;
+            and.b32 o, o, 0x0f0f0f0f;
+            dp2a.lo.s32.u32 $0, $2, e, 0;
+            dp2a.hi.s32.u32 $0, $3, e, $0;
+            dp2a.lo.s32.u32 $0, $4, o, $0;
+            dp2a.hi.s32.u32 $0, $5, o, $0;
             }""",
-            constraints="=r,r,r,r,r,r", args=[words, x0, x1, x2, x3], dtype=tl.float16,
-            is_pure=True, pack=2)
+            constraints="=r,r,r,r,r,r",
+            args=[words, (i0 & 0xFFFF) | (i2 << 16), (i4 & 0xFFFF) | (i6 << 16),
+                  (i1 & 0xFFFF) | (i3 << 16), (i5 & 0xFFFF) | (i7 << 16)],
+            dtype=tl.int32, is_pure=True, pack=1)
     else:
-        high = words >> 8  # arithmetic, but only its low byte is kept
-        d = (((words & 0x000F) | 0x6400).to(tl.float16, bitcast=True) - 1032.0) * x0
-        d += (((words & 0x00F0) | 0x6400).to(tl.float16, bitcast=True) * 0.0625 - 72.0) * x1
-        d += (((high & 0x000F) | 0x6400).to(tl.float16, bitcast=True) - 1032.0) * x2
-        d += (((high & 0x00F0) | 0x6400).to(tl.float16, bitcast=True) * 0.0625 - 72.0) * x3
+        d = (words & 15) * i0 + ((words >> 4) & 15) * i1
+        d += ((words >> 8) & 15) * i2 + ((words >> 12) & 15) * i3
+        d += ((words >> 16) & 15) * i4 + ((words >> 20) & 15) * i5
+        d += ((words >> 24) & 15) * i6 + ((words >> 28) & 15) * i7
         return d
 
 
 @triton.jit
-def _group_sums(d, unscale, s, z, x_sum, acc):
-    """acc + s (sum of q x - z sum of x) per group and row, from the fp16 products d
-    ([GROUPS, CH, RB, WORDS, 8]: q - 8 against x's factor at a word position, half-word h of
-    row r at 2r + h), the factors' unscale per chunk, scales and zero points
-    ([GROUPS, 1, RB, 1, 4]) and the fp32 sum of x."""
-    GROUPS: tl.constexpr = d.shape[0]
-    CH: tl.constexpr = d.shape[1]
-    RB: tl.constexpr = d.shape[2]
-    dot = tl.reshape(tl.sum(d, axis=3).to(tl.float32), (GROUPS, CH, RB, 4, 2))
-    dot = tl.sum(dot, axis=4) * tl.sum(unscale, axis=3)  # (dropping unit axes)
-    s = tl.sum(s, axis=3)
-    z = tl.sum(z, axis=3)
-    return acc + s * (dot - (z - 8.0) * tl.sum(x_sum, axis=3))
+def _group_sums(d, unscale, s, z, i_sum, acc):
+    """acc + s unscale sum (q - z) i per group and row, from the words' dots d
+    ([GROUPS, CH, RB, WORDS, 4]: row 4b + r of block b), the chunk's unscale, scales and zero
+    points ([GROUPS, 1, RB, 1, 4]) and the integers' sums; the sum of (q - z) i is exact."""
+    exact = tl.sum(d, axis=3) - tl.sum(z, axis=3) * tl.sum(i_sum, axis=3)
+    return acc + tl.sum(s, axis=3) * tl.sum(unscale, axis=3) * exact.to(tl.float32)
+
+
+@triton.jit
+def _tile_sums(x_ptr, norm_ptr, groups, g_ok, position, tile, acc, acc_up, squares,
+               W: tl.constexpr, GROUP: tl.constexpr, NORM: tl.constexpr, SWIGLU: tl.constexpr,
+               EVEN: tl.constexpr, ASM: tl.constexpr):
+    """A loaded tile of `groups` (g_ok: those within the split) multiplied into the sums."""
+    words, s, z, words_up, s_up, z_up = tile
+    x_at = groups * GROUP + position  # [GROUPS, CH, 1, WORDS, 1]
+    i0, i1, i2, i3, i4, i5, i6, i7, unscale, i_sum, squares = _x_integers(
+        x_ptr, norm_ptr, x_at, W, g_ok, squares, NORM, EVEN)
+    d = _dots(words, i0, i1, i2, i3, i4, i5, i6, i7, ASM)
+    acc = _group_sums(d, unscale, s, z, i_sum, acc)
+    if SWIGLU:
+        d = _dots(words_up, i0, i1, i2, i3, i4, i5, i6, i7, ASM)
+        acc_up = _group_sums(d, unscale, s_up, z_up, i_sum, acc_up)
+    return acc, acc_up, squares
 
 
 @triton.jit
@@ -333,19 +337,18 @@ def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bi
                       PDL: tl.constexpr, GELU: tl.constexpr, ASM: tl.constexpr):
     """int4 weights in floorline.engine.quant's layout. A program owns BLOCK_N rows (RB =
     BLOCK_N / 4 blocks of four interleaved rows) and reads GROUPS groups of them per iteration
-    as a [GROUPS, CH, RB, WORDS, 8] tile of 16-bit half-words: the group's W = GROUP / 8 word
-    positions in CH chunks of WORDS consecutive ones, four rows' words (eight halves) side by
-    side. Triton spreads threads over the leading (group, chunk) dimensions, so each thread
-    holds WORDS positions of all RB blocks: x is read once per thread for 4 * RB rows, and a
-    group's scale and zero point once per WORDS words.
+    as a [GROUPS, CH, RB, WORDS, 4] tile of words: the group's W = GROUP / 8 word positions in
+    CH chunks of WORDS consecutive ones, four rows' words side by side. Triton spreads threads
+    over the leading (group, chunk) dimensions, so each thread holds WORDS positions of all RB
+    blocks: x is read once per thread for 4 * RB rows, and a group's scale and zero point once
+    per WORDS words.
 
-    Nibble j of a word belongs to x's run j of the group (k = g * GROUP + j * W + i): half h
-    of the word holds runs 4h..4h + 3, so x of run 4h + m meets nibble m of half h. Products
-    are fp16, two to an instruction, of q - 8 and x scaled per chunk (_x_factors), so that
-    the chunk's 8 * WORDS products of a row sum in fp16 (WORDS <= 4); per group and row they
-    go to fp32, where s (sum q x - z sum x) adds into the row's sum. K_WORDS is
-    K / 8, an argument so that Triton sees its divisibility and loads 16 bytes at a time; EVEN:
-    no masks (whole blocks and splits); ASM: the products in PTX (_products)."""
+    Nibble j of a word belongs to x's run j of the group (k = g * GROUP + j * W + i). x enters
+    as integers, scaled per chunk (_x_integers), so that the products and their sums over a
+    group are exact integer arithmetic (_dots: two dp2a instructions per four weights);
+    per group and row they go to fp32, where s unscale sum (q - z) i adds into the row's sum.
+    K_WORDS is K / 8, an argument so that Triton sees its divisibility and loads 16 bytes at a
+    time; EVEN: no masks (whole blocks and splits); ASM: the dots in PTX (_dots)."""
     RB: tl.constexpr = BLOCK_N // 4
     W: tl.constexpr = GROUP // 8
     CH: tl.constexpr = W // WORDS
@@ -355,41 +358,34 @@ def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bi
     position = (tl.arange(0, CH)[None, :, None, None, None] * WORDS
                 + tl.arange(0, WORDS)[None, None, None, :, None])
     blocks = pid_n * RB + tl.arange(0, RB)[None, None, :, None, None]
-    half = tl.arange(0, 8)[None, None, None, None, :]
     r = tl.arange(0, 4)[None, None, None, None, :]
     block_ok = blocks < N // 4
     n_groups = K // GROUP
     span = tl.cdiv(tl.cdiv(n_groups, SPLIT_K), GROUPS) * GROUPS
     g_lo = pid_k * span
     g_hi = tl.minimum(g_lo + span, n_groups)
-    words_base = blocks.to(tl.int64) * (K_WORDS * 8) + position * 8 + half
+    words_base = blocks.to(tl.int64) * (K_WORDS * 4) + position * 4 + r
     meta_base = blocks.to(tl.int64) * (n_groups * 4) + r
-    w16 = w_ptr.to(tl.pointer_type(tl.int16))
-    up16 = up_ptr.to(tl.pointer_type(tl.int16))
-    low_half = (half & 1) == 0
-    if PDL:
-        tl.extra.cuda.gdc_wait()
     acc = tl.zeros((GROUPS, CH, RB, 4), tl.float32)
     acc_up = tl.zeros((GROUPS, CH, RB, 4), tl.float32)
     squares = tl.zeros((GROUPS, CH, 1, WORDS, 1), tl.float32)
-    # The loop reads its tiles as it reaches them; the warps of an SM keep the reads in flight.
-    # On the H200, reading the next iteration's words ahead into registers, and Triton's
-    # software pipeline through shared memory (tl.range with 2 or 3 stages), each lost at every
-    # tuned shape (docs/results-h200.md, the int4 step).
-    for g0 in range(g_lo, g_hi, GROUPS):
+    # The first tile's weights are read before the wait for the kernel before this one (they
+    # are not its output), so that their reads overlap its last programs; x is read after
+    # (measured on the H200: docs/results-h200.md, the int4 step).
+    groups = g_lo + g_i
+    tile = _load_groups(w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, words_base, meta_base,
+                        groups, g_hi, block_ok, W, SWIGLU, EVEN)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    acc, acc_up, squares = _tile_sums(x_ptr, norm_ptr, groups, groups < g_hi, position, tile,
+                                      acc, acc_up, squares, W, GROUP, NORM, SWIGLU, EVEN, ASM)
+    for g0 in range(g_lo + GROUPS, g_hi, GROUPS):
         groups = g0 + g_i
-        g_ok = groups < g_hi
-        words, s, z, words_up, s_up, z_up = _load_groups(
-            w16, s_ptr, z_ptr, up16, up_s_ptr, up_z_ptr, words_base, meta_base, groups, g_hi,
-            block_ok, W, SWIGLU, EVEN)
-        x_at = groups * GROUP + position  # [GROUPS, CH, 1, WORDS, 1]
-        x0, x1, x2, x3, unscale, x_sum, squares = _x_factors(
-            x_ptr, norm_ptr, x_at, W, g_ok, low_half, squares, NORM, EVEN)
-        d = _products(words, x0, x1, x2, x3, ASM)
-        acc = _group_sums(d, unscale, s, z, x_sum, acc)
-        if SWIGLU:
-            d = _products(words_up, x0, x1, x2, x3, ASM)
-            acc_up = _group_sums(d, unscale, s_up, z_up, x_sum, acc_up)
+        tile = _load_groups(w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, words_base,
+                            meta_base, groups, g_hi, block_ok, W, SWIGLU, EVEN)
+        acc, acc_up, squares = _tile_sums(x_ptr, norm_ptr, groups, groups < g_hi, position,
+                                          tile, acc, acc_up, squares, W, GROUP, NORM, SWIGLU,
+                                          EVEN, ASM)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     y = tl.reshape(tl.sum(tl.sum(acc, axis=1), axis=0), (BLOCK_N,))
@@ -441,9 +437,9 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
         if config.block_n % 4:
             raise ValueError(f"block_n {config.block_n}: int4 rows come in blocks of four")
         positions = w.group_size // 8
-        if positions % config.words or config.words & (config.words - 1) or config.words > 4:
-            raise ValueError(f"words {config.words}: a power of two up to 4 (a thread's fp16 "
-                             f"sums) that divides a group's {positions} word positions")
+        if positions % config.words or config.words & (config.words - 1):
+            raise ValueError(f"words {config.words}: a power of two that divides a group's "
+                             f"{positions} word positions")
         u = w if up is None else up
         even = n % config.block_n == 0 and (k // w.group_size) % (config.split_k * groups) == 0
         _gemv_int4_kernel[grid](
