@@ -36,7 +36,7 @@ SPLITS = [(4, 512, 4, 2), (8, 256, 4, 2), (4, 512, 4, 4), (8, 256, 4, 4), (2, 10
 # groups x (16 / words) positions (group 128), so these fill a program's threads without
 # spreading over rows. Tiles that Triton 3.6 lays out without shared-memory shuffles in the loop
 # (read from the compiled code with its registers and spills: bench/engine_int4_sass.py); then
-# splits as above. The loop reads its words as it reaches them (see the int4 kernel on why).
+# splits as above.
 INT4_SHAPES = [(8, 4, 1, 2), (16, 4, 1, 2), (8, 8, 1, 4), (8, 8, 2, 2), (16, 8, 2, 2),
                (16, 8, 1, 4)]
 INT4_SPLITS = [(8, 4, 1, 2, 2), (16, 4, 1, 2, 2), (8, 4, 1, 2, 4), (16, 4, 1, 2, 4),
