@@ -175,6 +175,25 @@ def test_greedy_and_nucleus_sampling():
         Sampler(temperature=-1.0)
 
 
+def test_sampling_through_the_engines_argmax_kernel():
+    # the step hands the sampler its argmax kernel (Triton's interpreter without a GPU)
+    from functools import partial
+
+    from floorline.engine.kernels.tokens import argmax, argmax_scratch
+
+    logits = torch.tensor([1.0, 3.0, 2.5, -1.0])
+    token = torch.zeros(1, dtype=torch.long)
+    kernel = partial(argmax, scratch=argmax_scratch(4, "cpu"))
+    Sampler()(logits, token, kernel)
+    assert token.item() == 1
+    torch.manual_seed(1)
+    top, seen = Sampler(temperature=1.0, top_p=0.8), set()
+    for _ in range(100):
+        top(logits, token, kernel)
+        seen.add(token.item())
+    assert seen == {1, 2}
+
+
 def test_a_checkpoint_loads_as_the_model_holds_it(tmp_path):
     spec = resolve_model("tiny-qwen2")
     model = build_model(spec, "cpu", torch.float32, seed=3)

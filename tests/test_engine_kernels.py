@@ -180,3 +180,42 @@ def test_add_norm_matches_the_reference(n):
     add_norm_reference(x, w, ref, eps=1e-6)
     expected = h.double() + x.double() / x.double().pow(2).mean().add(1e-6).sqrt() * w.double()
     assert relative_error(mine, ref) < 1e-6 and relative_error(ref, expected) < 1e-6
+
+
+@pytest.mark.parametrize("n, scale", [(48, None), (1100, None), (1100, 62.0)])
+def test_embed_writes_the_tokens_row_in_fp32(n, scale):
+    from floorline.engine.kernels.tokens import embed, embed_reference
+
+    g = torch.Generator().manual_seed(n)
+    table = draw(5, n, dtype=torch.bfloat16, generator=g)
+    token = torch.tensor([3], device=DEVICE)
+    mine, ref = poisoned(n, torch.float32), poisoned(n, torch.float32)
+    embed(table, token, mine, scale=scale)
+    embed_reference(table, token, ref, scale=scale)
+    assert torch.equal(mine, ref)
+    assert torch.equal(mine, table[3].float() * (scale or 1.0))
+
+
+def test_argmax_takes_the_first_largest_across_programs_and_launches():
+    from floorline.engine.kernels.tokens import argmax, argmax_scratch
+
+    n, block = 1000, 64  # 16 programs, the last one ragged
+    scratch = argmax_scratch(n, DEVICE, block=block)
+    token = torch.full((1,), -1, dtype=torch.long, device=DEVICE)
+    g = torch.Generator().manual_seed(0)
+    for case in range(4):  # the counter must be back at zero after every launch
+        x = draw(n, generator=g)
+        if case == 1:  # a tie between programs: the first index wins
+            x[[700, 130, 999]] = 9.0
+        if case == 2:  # the largest in the ragged last program
+            x[990] = 9.0
+        if case == 3:  # NaN counts as the largest, as in torch.argmax
+            x[517] = float("nan")
+        argmax(x, token, scratch)
+        assert token.item() == torch.argmax(x).item(), case
+        assert scratch.count.item() == 0
+    order = torch.randperm(n, generator=g).to(DEVICE)
+    argmax(x, token, scratch, index=order)
+    assert token.item() == order[517].item()
+    with pytest.raises(ValueError, match="not for 2000 values"):
+        argmax(torch.zeros(2000, device=DEVICE), token, scratch)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -300,13 +301,12 @@ class Decoder:
         self.logits = torch.empty(c.vocab, dtype=torch.float32, device=device)
         self.scratch = ops.attention_scratch(c.heads, c.head_dim,
                                              attention_splits(c.kv_heads, device), device)
+        self.argmax = partial(ops.argmax, scratch=ops.argmax_scratch(c.vocab, device))
 
     def step(self) -> None:
         """One decode step on the device: reads token and pos, leaves the next token and pos+1."""
         c, w, ops = self.config, self.w, self.ops
-        self.h.copy_(w.embed.index_select(0, self.token).view(-1))
-        if self.embed_scale is not None:
-            self.h.mul_(self.embed_scale)
+        ops.embed(w.embed, self.token, self.h, scale=self.embed_scale)
         for i, layer in enumerate(w.layers):
             ops.gemv(self.h, layer.wqkv, self.qkv, norm=layer.ln1, eps=c.eps, bias=layer.bqkv)
             cos, sin = self.tables[self.layer_rope[i]]
@@ -320,7 +320,7 @@ class Decoder:
                      act=c.act)
             self._add(self.act, layer.wdown, None, layer.post_mlp)
         self._logits(self.h)
-        self.sampler(self.logits, self.token)
+        self.sampler(self.logits, self.token, self.argmax)
         self.pos.add_(1)
 
     def _add(self, x, w, bias, post_norm) -> None:
@@ -354,7 +354,7 @@ class Decoder:
             x = self._prefill_chunk(tokens[start:start + chunk], start, n)
         # The last position's logits by the decode step's own head product (fp32 out).
         self._logits(x[-1].contiguous())
-        self.sampler(self.logits, self.token)
+        self.sampler(self.logits, self.token, self.argmax)
         self.pos.fill_(n)
         return self.logits.clone()
 

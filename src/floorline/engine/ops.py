@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from floorline.engine.kernels import attention, gemv, norm
+from floorline.engine.kernels import attention, gemv, norm, tokens
 from floorline.engine.kernels.attention import decode_attention_reference
 from floorline.engine.kernels.gemv import gemv_reference
 from floorline.engine.kernels.norm import add_norm_reference
+from floorline.engine.kernels.tokens import argmax_reference, embed_reference
 from floorline.engine.tuning import GemvTuner
 
 
@@ -16,9 +17,15 @@ class ReferenceOps:
     gemv = staticmethod(gemv_reference)
     attention = staticmethod(decode_attention_reference)
     add_norm = staticmethod(add_norm_reference)
+    embed = staticmethod(embed_reference)
+    argmax = staticmethod(argmax_reference)
 
     @staticmethod
     def attention_scratch(n_heads, head_dim, splits, device):
+        return None
+
+    @staticmethod
+    def argmax_scratch(n, device):
         return None
 
 
@@ -34,6 +41,9 @@ class TritonOps:
         self.attention = attention.decode_attention
         self.attention_scratch = attention.attention_scratch
         self.add_norm = norm.add_norm
+        self.embed = tokens.embed
+        self.argmax = tokens.argmax
+        self.argmax_scratch = tokens.argmax_scratch
 
     def gemv(self, x, w, out, *, norm=None, eps: float = 0.0, up=None, bias=None,
              accumulate: bool = False, act: str = "silu") -> None:

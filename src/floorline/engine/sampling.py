@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from floorline.engine.kernels.tokens import argmax_reference
+
 
 class Sampler:
     def __init__(self, temperature: float = 0.0, top_p: float = 1.0):
@@ -16,10 +18,12 @@ class Sampler:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def __call__(self, logits: torch.Tensor, token: torch.Tensor) -> None:
-        """logits [vocab] fp32 -> token [1] int64, in place."""
+    def __call__(self, logits: torch.Tensor, token: torch.Tensor,
+                 argmax=argmax_reference) -> None:
+        """logits [vocab] fp32 -> token [1] int64, in place. `argmax(values, token, index=)`
+        writes the index of the largest value (or index[it]): the engine's kernel, or PyTorch."""
         if self.greedy:
-            torch.argmax(logits, dim=0, keepdim=True, out=token)
+            argmax(logits, token)
             return
         probs = torch.softmax(logits / self.temperature, dim=0)
         probs, order = torch.sort(probs, descending=True)
@@ -29,4 +33,4 @@ class Sampler:
         # p_i / sum p; no host round trip, and the draw comes from torch's CUDA generator,
         # which a graph replay advances.
         race = probs / torch.empty_like(probs).exponential_()
-        token.copy_(order.index_select(0, race.argmax(0, keepdim=True)))
+        argmax(race, token, index=order)
