@@ -12,7 +12,9 @@
 #   bash bench/h200_engine.sh all       all of the above, then torchao-int4+compile+graphs
 #   bash bench/h200_engine.sh quant     the engine's int4 and fp8 paths beside engine bf16 and, where
 #                                       built, llama.cpp Q4_0: the int4 kernels at both models' shapes,
-#                                       then the sweep into its own database
+#                                       then the sweep into its own database, which also takes every
+#                                       other path of the README's tables at Qwen2.5-7B ctx 2048 (their
+#                                       J/token in the same run)
 #   bash bench/h200_engine.sh quant-check   their logits against transformers on dequantised weights
 #   bash bench/h200_engine.sh awq-marlin-check   the engine's int4 beside awq-marlin on one AWQ checkpoint
 #   bash bench/h200_engine.sh prefill   time to first token and peak memory of long prompts
@@ -65,9 +67,13 @@ case ${1:?stage} in
     # build-llamacpp` first); RETUNE=1 tunes the int4 shapes again (after a change to the kernel)
     QDB=${DB%.db}_quant.db
     WEIGHTS=int4 HEAD=fp8 bash "$0" kernels || echo "stage failed"
-    LLAMA=$(python3 -c "import llama_cpp" 2>/dev/null && echo ",llamacpp-q4_0" || true)
+    BUILT=$(python3 -c "import llama_cpp" 2>/dev/null && echo yes || true)
     fl sweep --db "$QDB" --models "$MODELS" --ctx "$CTX" \
-      --paths "${PATHS:-engine,engine-int4,engine-int4-fp8head,engine-fp8$LLAMA}" || echo "stage failed"
+      --paths "${PATHS:-engine,engine-int4,engine-int4-fp8head,engine-fp8${BUILT:+,llamacpp-q4_0}}" \
+      || echo "stage failed"
+    fl sweep --db "$QDB" --models qwen2.5-7b --ctx 2048 \
+      --paths "hf-eager,hf-static+graphs,hf-static+compile+graphs${BUILT:+,llamacpp-bf16}" \
+      || echo "stage failed"
     DB=$QDB ;;
   prefill)
     python3 bench/engine_prefill.py --model qwen2.5-7b --ctx 2048,16384,32000 --chunk 2048 8192 \
