@@ -50,11 +50,12 @@ def attention(name, heads, kv_heads, d, rot, qk_norm, windowed, fp8=False, norm_
     types = dict(ATTENTION_TYPES, qn_ptr=norm_type, kn_ptr=norm_type)
     if fp8:
         types.update(k_ptr="*fp8e4nv", v_ptr="*fp8e4nv")
-    return name, _attention_split_kernel, types, dict(
+    constexprs = dict(
         ROT=rot, QK_NORM=qk_norm, HQ=heads, HKV=kv_heads, G=group,
         G_PAD=max(16, triton.next_power_of_2(group)), D=d,
         BLOCK_T=attention_block_t(d, "fp8" if fp8 else "bf16"), SPLITS=32, WINDOWED=windowed,
-        KV_FP8=fp8, F16_DOTS=fp8, PRECISION="tf32", PDL=True), attention_warps(d)
+        KV_FP8=fp8, FP8_DOTS=fp8, EXACT=False, PRECISION="tf32", PDL=True)
+    return name, _attention_split_kernel, types, constexprs, attention_warps(d)
 
 
 def gemv_geglu(name, n, k, split_k=1):

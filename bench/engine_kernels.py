@@ -19,7 +19,7 @@ import torch
 from floorline.engine.check import relative_error
 from floorline.engine.kernels.attention import attention_scratch, attention_warps, decode_attention
 from floorline.engine.kernels.gemv import gemv_reference
-from floorline.engine.kvcache import KV_FORMATS, quantise
+from floorline.engine.kvcache import KV_FORMATS, KVCache
 from floorline.engine.model import DecoderConfig, attention_block_t, attention_splits
 from floorline.engine.ops import TritonOps
 from floorline.engine.quant import FORMATS, HEAD_FORMATS, format_of, quantize
@@ -108,10 +108,15 @@ def attention_rows(c: DecoderConfig, contexts: list[int], kv: str = "bf16") -> l
         copies = rotation_copies(nbytes, "cuda")
 
         def cache():
-            x = torch.randn(c.kv_heads, capacity, c.head_dim, device="cuda", dtype=torch.bfloat16)
-            return quantise(x) if fp8 else (x, None)
+            """((K, K scales), (V, V scales)) as the engine holds them (fp8: V transposed)."""
+            stored = KVCache.allocate(kv, 1, c.kv_heads, capacity, c.head_dim, torch.bfloat16,
+                                      "cuda")
+            stored.write(0, 0, *(torch.randn(c.kv_heads, capacity, c.head_dim, device="cuda",
+                                             dtype=torch.bfloat16) for _ in "kv"))
+            k_scale, v_scale = stored.scales(0) or (None, None)
+            return (stored.k[0], k_scale), (stored.v[0], v_scale)
 
-        caches = [tuple(cache() for _ in "kv") for _ in range(copies)]
+        caches = [cache() for _ in range(copies)]
         qkv = torch.randn(c.qkv_rows, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(c.heads * c.head_dim, device="cuda", dtype=torch.bfloat16)
         pos = torch.tensor([ctx - 1], dtype=torch.int32, device="cuda")
@@ -127,11 +132,11 @@ def attention_rows(c: DecoderConfig, contexts: list[int], kv: str = "bf16") -> l
         # memory on the H200
         tile = c.head_dim * (1 if fp8 else 2)
         variants = [own] + [
-            (attention_splits(c.kv_heads, "cuda", per_sm), block_t, f16, warps)
+            (attention_splits(c.kv_heads, "cuda", per_sm), block_t, fp8_dots, warps)
             for per_sm in (1, 2, 4) for block_t in (32, 64, 128, 256) for warps in (4, 8)
-            for f16 in ((True, False) if fp8 else (True,))
+            for fp8_dots in ((True, False) if fp8 else (True,))
             if block_t * tile <= (32768 if warps == 8 else 16384)]
-        for splits, block_t, f16, warps in dict.fromkeys(variants):
+        for splits, block_t, fp8_dots, warps in dict.fromkeys(variants):
             scratch = attention_scratch(c.heads, c.head_dim, splits, "cuda")
 
             def run():
@@ -139,16 +144,16 @@ def attention_rows(c: DecoderConfig, contexts: list[int], kv: str = "bf16") -> l
                     decode_attention(qkv, k, v, cos, cos, pos, out, scale=c.head_dim ** -0.5,
                                      window=None, scratch=scratch, block_t=block_t,
                                      scales=(ks, vs) if fp8 else None, rotary=rotary,
-                                     f16_dots=f16, num_warps=warps, **norms)
+                                     fp8_dots=fp8_dots, num_warps=warps, **norms)
 
             t = time_graph(run) / copies
-            engine = (splits, block_t, f16, warps) == own
+            engine = (splits, block_t, fp8_dots, warps) == own
             rows.append(dict(kernel=f"attention+rope ctx {ctx}" + (" fp8 KV" if fp8 else "")
                              + (" (engine)" if engine else ""),
                              shape=f"{c.kv_heads} kv heads x {ctx}", MB=nbytes / 1e6, us=t,
                              gbps=nbytes / t / 1e3,
                              config=f"splits={splits} block_t={block_t} warps={warps}"
-                             + (f" dots={'fp16' if f16 else 'tf32'}" if fp8 else "")))
+                             + (f" dots={'fp8' if fp8_dots else 'tf32'}" if fp8 else "")))
     return rows
 
 

@@ -14,7 +14,7 @@ from floorline.engine.kernels.attention import (
     decode_attention,
     decode_attention_reference,
 )
-from floorline.engine.kvcache import FP8, dequantise, quantise
+from floorline.engine.kvcache import FP8, KVCache, dequantise, quantise
 from floorline.errors import FloorlineError
 from floorline.hardware import lookup
 from floorline.measure.sweep import default_grid
@@ -50,6 +50,8 @@ def test_quantise_uses_the_whole_e4m3_range_per_vector():
 
 def fp8_attention_case(dtype, pos, window, splits, seed, heads=6, kv_heads=2, d=16,
                        capacity=40):
+    """The kernel and the reference on one fp8 cache; each result is (out, K, V, K scales,
+    V scales), V token-major (the cache holds it transposed)."""
     g = torch.Generator().manual_seed(seed)
 
     def draw(*shape):
@@ -57,19 +59,22 @@ def fp8_attention_case(dtype, pos, window, splits, seed, heads=6, kv_heads=2, d=
 
     qkv = draw((heads + 2 * kv_heads) * d).to(dtype)
     # cached tokens of unequal norms, so that a scale read for the wrong token shows
-    caches = [quantise(draw(kv_heads, capacity, d) * draw(kv_heads, capacity, 1).exp())
-              for _ in "kv"]
+    cache = KVCache.allocate("fp8", 1, kv_heads, capacity, d, dtype, DEVICE)
+    cache.write(0, 0, *(draw(kv_heads, capacity, d) * draw(kv_heads, capacity, 1).exp()
+                        for _ in "kv"))
+    stored = (cache.k[0], cache.v[0], cache.k_scale[0], cache.v_scale[0])
     angles = draw(capacity, d // 2)
     position = torch.tensor([pos], dtype=torch.int32, device=DEVICE)
     results = []
     for kernel, scratch in ((decode_attention, attention_scratch(heads, d, splits, DEVICE)),
                             (decode_attention_reference, None)):
-        (k, ks), (v, vs) = ((c.clone(), s.clone()) for c, s in caches)
+        k, v, ks, vs = (t.clone() for t in stored)
         out = torch.full((heads * d,), float("nan"), dtype=dtype, device=DEVICE)
         kernel(qkv.clone(), k, v, angles.cos(), angles.sin(), position, out, scale=d ** -0.5,
                window=window, scratch=scratch, block_t=16, scales=(ks, vs))
-        results.append((out, k, v, ks, vs))
-    return caches, results
+        results.append((out, k, v.transpose(1, 2), ks, vs))
+    k, v, ks, vs = stored
+    return ((k, ks), (v.transpose(1, 2), vs)), results
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -117,6 +122,29 @@ def test_the_kernels_refuse_an_fp8_cache_without_scales():
                                    torch.empty(64, device=DEVICE), scale=0.25, window=None)
 
 
+def test_the_kernels_refuse_an_fp8_v_not_transposed():
+    k = torch.zeros(2, 8, 16, dtype=FP8, device=DEVICE)
+    scales = (torch.zeros(2, 8, device=DEVICE), torch.zeros(2, 8, device=DEVICE))
+    with pytest.raises(ValueError, match=r"V is \[kv heads, head_dim, slots\]"):
+        decode_attention_reference(torch.zeros(128, device=DEVICE), k, k.clone(),
+                                   torch.ones(8, 8, device=DEVICE),
+                                   torch.zeros(8, 8, device=DEVICE),
+                                   torch.zeros(1, dtype=torch.int32, device=DEVICE),
+                                   torch.empty(64, device=DEVICE), scale=0.25, window=None,
+                                   scales=scales)
+
+
+def test_the_kernel_refuses_fp8_tiles_longer_than_the_cache_slack():
+    cache = KVCache.allocate("fp8", 1, 2, 8, 16, torch.float32, DEVICE)
+    with pytest.raises(ValueError, match="block_t 512 is too long"):
+        decode_attention(torch.zeros(128, device=DEVICE), cache.k[0], cache.v[0],
+                         torch.ones(8, 8, device=DEVICE), torch.zeros(8, 8, device=DEVICE),
+                         torch.zeros(1, dtype=torch.int32, device=DEVICE),
+                         torch.empty(64, device=DEVICE), scale=0.25, window=None,
+                         scratch=attention_scratch(4, 16, 2, DEVICE), block_t=512,
+                         scales=cache.scales(0))
+
+
 def teacher_forced(spec, dtype, n, steps, backend=None, other_backend=None):
     """Relative error of the fp8-cache engine's logits against the 16-bit-cache engine's (or,
     with other_backend, against the fp8 engine on that backend), per position."""
@@ -161,8 +189,9 @@ def test_chunked_prefill_leaves_the_fp8_cache_of_one_pass(name, n, chunk):
     assert torch.allclose(a, b, rtol=1e-4, atol=1e-4)
     ours, theirs = chunked.decoder.cache, whole.decoder.cache
     for values, scales in (("k", "k_scale"), ("v", "v_scale")):
-        mine = getattr(ours, values)[:, :, :n].float()
-        ref = getattr(theirs, values)[:, :, :n].float()
+        # V is held transposed: its tokens are the last dimension
+        mine, ref = (getattr(c, values).float() for c in (ours, theirs))
+        mine, ref = (x[:, :, :n] if values == "k" else x[..., :n] for x in (mine, ref))
         # float noise between the two passes may move a value by one e4m3 step, rarely
         assert (mine == ref).float().mean() > 0.999
         assert torch.allclose(getattr(ours, scales)[:, :, :n], getattr(theirs, scales)[:, :, :n],

@@ -21,6 +21,13 @@ for the real model shapes on the GPU.
 Decode reads the fp8 bytes and the scales; prefill writes the cache the same way and its
 attention reads K and V back as the cache holds them (quantised), so that a prompt chunked or
 not leaves the same cache and decode sees what prefill saw.
+
+The fp8 cache is laid out for the tensor cores' fp8 products (floorline.engine.kernels.attention),
+which take 8-bit operands only with the summed dimension contiguous: K as [tokens, head_dim]
+(the product with q sums over head_dim) and V transposed, [head_dim, tokens] (the product with
+the probabilities sums over tokens). It holds FP8_SLACK token slots beyond its capacity,
+zeroed, so that the decode kernel reads whole tiles of up to that many tokens without masks
+past the live ones.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from floorline.errors import FloorlineError
 KV_FORMATS = ("bf16", "fp8")
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
+FP8_SLACK = 256  # token slots an fp8 cache holds beyond its capacity (a tile's reach)
 
 
 def check_format(kv: str) -> str:
@@ -58,7 +66,9 @@ def dequantise(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torc
 @dataclass
 class KVCache:
     """K and V of every layer, [layers, kv heads, capacity, head_dim] (each head's tokens
-    contiguous), and for fp8 their scales [layers, kv heads, capacity]."""
+    contiguous); for fp8 V is [layers, kv heads, head_dim, slots] and K [layers, kv heads,
+    slots, head_dim], slots = capacity + FP8_SLACK rounded up to 16, with their scales
+    [layers, kv heads, slots]."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -68,13 +78,14 @@ class KVCache:
     @classmethod
     def allocate(cls, kv: str, layers: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device) -> KVCache:
-        shape = (layers, kv_heads, capacity, head_dim)
-        stored = FP8 if check_format(kv) == "fp8" else dtype
-        k, v = (torch.zeros(shape, dtype=stored, device=device) for _ in "kv")
-        if kv == "bf16":
-            return cls(k, v)
-        k_scale, v_scale = (torch.zeros(shape[:3], dtype=torch.float32, device=device)
-                            for _ in "kv")
+        if check_format(kv) == "bf16":
+            shape = (layers, kv_heads, capacity, head_dim)
+            return cls(*(torch.zeros(shape, dtype=dtype, device=device) for _ in "kv"))
+        slots = -(-(capacity + FP8_SLACK) // 16) * 16  # V's rows start 16-byte aligned
+        k = torch.zeros(layers, kv_heads, slots, head_dim, dtype=FP8, device=device)
+        v = torch.zeros(layers, kv_heads, head_dim, slots, dtype=FP8, device=device)
+        k_scale, v_scale = (torch.zeros(layers, kv_heads, slots, dtype=torch.float32,
+                                        device=device) for _ in "kv")
         return cls(k, v, k_scale, v_scale)
 
     @property
@@ -94,13 +105,16 @@ class KVCache:
             return
         for values, cache, scales in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
             q, s = quantise(values)
-            cache[layer, :, start:end] = q
+            if cache is self.v:
+                cache[layer, :, :, start:end] = q.transpose(-1, -2)
+            else:
+                cache[layer, :, start:end] = q
             scales[layer, :, start:end] = s
 
     def read(self, layer: int, end: int, dtype: torch.dtype) -> tuple:
         """K and V of positions 0 .. end - 1 as the cache holds them, in `dtype`."""
-        k, v = self.k[layer, :, :end], self.v[layer, :, :end]
         if not self.fp8:
-            return k, v
+            return self.k[layer, :, :end], self.v[layer, :, :end]
+        k, v = self.k[layer, :, :end], self.v[layer, :, :, :end].transpose(-1, -2)
         return (dequantise(k, self.k_scale[layer, :, :end], dtype),
                 dequantise(v, self.v_scale[layer, :, :end], dtype))

@@ -238,7 +238,7 @@ def rotary_table(config: DecoderConfig, rope: dict, positions: torch.Tensor,
 
 # Cached tokens per iteration of the attention kernel at head_dim 128, per cache format. An fp8
 # block of 64 tokens is half the bytes of a 16-bit one for the same loop work; on the H200, at
-# 131072 tokens of Llama-3.1-8B, 128 ran at 3.0 TB/s against 2.3 (bench/engine_kernels.py --kv fp8).
+# 131072 tokens of Llama-3.1-8B, 128 ran at 3.0 TB/s against 2.2 (bench/engine_kernels.py --kv fp8).
 ATTENTION_BLOCK_T = {"bf16": 64, "fp8": 128}
 
 

@@ -25,10 +25,15 @@ An fp8 cache (floorline.engine.kvcache) holds e4m3 values and one fp32 scale per
 head: the writing program quantises the new k and v (s = max|x| / 448), and the loop reads each
 block's fp8 K and V tiles and its BLOCK_T scales once, folding them where they cost least: the
 K scales multiply the block's scores, the V scales its probabilities before the product with V,
-so no dequantised tile is formed. With a 16-bit model the products then run in fp16 (F16_DOTS):
-e4m3 values are exact in fp16 and convert two per instruction, and the query, scaled by a power
-of two into [-1, 1], is exact there too; widening the tiles to fp32 for tf32 products cost more
-than the halved bytes saved (measured on the H200: bench/engine_kernels.py --kv fp8).
+so no dequantised tile is formed. With a 16-bit model both products then run on the tensor
+cores in fp8 (FP8_DOTS), straight from the tiles as loaded, with no conversion of K or V: the
+tensor cores take 8-bit operands only with the summed dimension contiguous and 64 or more rows,
+so the scores are formed transposed, K q^T ([BLOCK_T, G_PAD]), and the output as V^T p^T, from
+the cache's V held transposed ([head_dim, tokens]). The other operand, q or the probabilities,
+goes in as two e4m3 parts, hi + lo / 16 (_split_e4m3): eight significant bits, as many as a
+bf16 q holds, each part scaled by a power of two into e4m3's range. The cache's slack past its
+capacity lets these loads read whole tiles without masks. With an fp32 model the tiles widen
+to fp32 for full-precision products instead.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import triton
 import triton.language as tl
 
 from floorline.engine.kernels.launch import pdl_options
-from floorline.engine.kvcache import FP8, FP8_MAX, dequantise, quantise
+from floorline.engine.kvcache import FP8, FP8_MAX, FP8_SLACK, dequantise, quantise
 
 
 @triton.jit
@@ -92,14 +97,40 @@ def _quantised(x, dtype: tl.constexpr):
 
 
 @triton.jit
+def _e4m3(x, dtype: tl.constexpr, EXACT: tl.constexpr):
+    """fp32 values within e4m3's range in e4m3, rounded to nearest (ties to even): the
+    hardware's conversion, or in Triton's interpreter (EXACT) on the grid first (_e4m3_grid)."""
+    if EXACT:
+        x = _e4m3_grid(x)
+    return x.to(dtype)
+
+
+@triton.jit
+def _row_powers(largest):
+    """Per row, 2^k and 2^-k with largest * 2^k in [128, 256) (largest >= 0; k clamped so that
+    both stay normal floats, which leaves a zero row at zero)."""
+    e = tl.minimum(tl.maximum((largest.to(tl.int32, bitcast=True) >> 23) & 0xFF, 8), 254)
+    return (((261 - e) << 23).to(tl.float32, bitcast=True),
+            ((e - 7) << 23).to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _split_e4m3(x, dtype: tl.constexpr, EXACT: tl.constexpr):
+    """fp32 x with |x| < 256 as e4m3 (hi, lo), x ~ hi + lo / 16: hi keeps four significant
+    bits, lo the next four (the rest of a bf16 value exactly, down to e4m3's subnormals)."""
+    hi = _e4m3(x, dtype, EXACT)
+    return hi, _e4m3((x - hi.to(tl.float32)) * 16.0, dtype, EXACT)
+
+
+@triton.jit
 def _attention_split_kernel(qkv_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, cos_ptr, sin_ptr, pos_ptr,
                             part_ptr, stats_ptr, capacity, scale, window, qn_ptr, kn_ptr, eps,
                             ROT: tl.constexpr, QK_NORM: tl.constexpr, HQ: tl.constexpr,
                             HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                             D: tl.constexpr, BLOCK_T: tl.constexpr, SPLITS: tl.constexpr,
                             WINDOWED: tl.constexpr, KV_FP8: tl.constexpr,
-                            F16_DOTS: tl.constexpr, PRECISION: tl.constexpr,
-                            PDL: tl.constexpr):
+                            FP8_DOTS: tl.constexpr, EXACT: tl.constexpr,
+                            PRECISION: tl.constexpr, PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_wait()
     kv_head = tl.program_id(0)
@@ -130,53 +161,73 @@ def _attention_split_kernel(qkv_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, cos_ptr, sin_
     owner = split == SPLITS - 1  # this program also takes the new token
     if owner:
         tl.store(k_ptr + base + pos * D + d[None, :], k_store)
-        tl.store(v_ptr + base + pos * D + d[None, :], v_store)
+        if KV_FP8:  # V transposed: [head_dim, slots]
+            tl.store(v_ptr + base + d[None, :] * capacity + pos, v_store)
+        else:
+            tl.store(v_ptr + base + pos * D + d[None, :], v_store)
         if KV_FP8:
             tl.store(ks_ptr + scale_base + pos + one, k_s)
             tl.store(vs_ptr + scale_base + pos + one, v_s)
     s_new = tl.sum(q * k_stored, axis=1) * scale
-    if F16_DOTS:
-        # q times a power of two that brings each row within [-1, 1]: exact, and then exact in
-        # fp16 (a 16-bit value's mantissa fits) but for parts below 2^-14 of the row's largest
-        q_exp = ((tl.max(tl.abs(q), axis=1).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 126
-        q = q * ((127 - q_exp) << 23).to(tl.float32, bitcast=True)[:, None]
-        q_unscale = ((127 + q_exp) << 23).to(tl.float32, bitcast=True) * scale
-        q = q.to(tl.float16)
+    q_hi, q_lo = q, q  # unread without FP8_DOTS
+    if FP8_DOTS:
+        # q in two e4m3 parts, transposed: the B operand of K q^T
+        up, down = _row_powers(tl.max(tl.abs(q), axis=1))
+        q_unscale = down * scale
+        q_hi, q_lo = _split_e4m3(q * up[:, None], cache_dtype, EXACT)
+        q_hi, q_lo = tl.trans(q_hi), tl.trans(q_lo)
     m_i = tl.where(owner, s_new, float("-inf"))
     l_i = tl.where(owner, 1.0, 0.0) + tl.zeros((G_PAD,), tl.float32)
     acc = tl.where(owner, 1.0, 0.0) * v_stored + tl.zeros((G_PAD, D), tl.float32)
-    # The cached span [first, pos), cut into SPLITS chunks of whole blocks.
+    # The cached span [first, pos), cut into SPLITS chunks of whole blocks. An fp8 cache's
+    # chunks start at the block that holds `first`, so that its whole tiles start aligned;
+    # tokens before `first` are masked.
     first = 0
     if WINDOWED:
         first = tl.maximum(pos + 1 - window, 0)
-    chunk = tl.cdiv(tl.cdiv(pos - first, SPLITS), BLOCK_T) * BLOCK_T
-    start = first + split * chunk
+    lo = first
+    if KV_FP8:
+        lo = first // BLOCK_T * BLOCK_T
+    chunk = tl.cdiv(tl.cdiv(pos - lo, SPLITS), BLOCK_T) * BLOCK_T
+    start = lo + split * chunk
     end = tl.minimum(start + chunk, pos)
     for t0 in range(start, end, BLOCK_T):
         t = t0 + tl.arange(0, BLOCK_T)
         t_ok = t < end
-        offs = base + t[:, None] * D + d[None, :]
-        k = tl.load(k_ptr + offs, mask=t_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + offs, mask=t_ok[:, None], other=0.0)
-        if F16_DOTS:
-            k, v = k.to(tl.float16), v.to(tl.float16)
-            s = tl.dot(q, tl.trans(k)) * q_unscale[:, None]
-        else:
-            k, v = k.to(tl.float32), v.to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        if KV_FP8 and WINDOWED:
+            t_ok = t_ok & (t >= first)
         if KV_FP8:
-            s = s * tl.load(ks_ptr + scale_base + t, mask=t_ok, other=0.0)[None, :]
+            # whole tiles, K [BLOCK_T, D] and V^T [D, BLOCK_T]: the cache's slack past its
+            # capacity is zeroed, and what lies past `end` is masked below
+            k = tl.load(k_ptr + base + t[:, None] * D + d[None, :])
+            v_t = tl.load(v_ptr + base + d[:, None] * capacity + t[None, :])
+            if FP8_DOTS:
+                s = tl.trans(tl.dot(k, q_hi) + tl.dot(k, q_lo) * 0.0625) * q_unscale[:, None]
+            else:
+                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=PRECISION) * scale
+            s = s * tl.load(ks_ptr + scale_base + t)[None, :]
+        else:
+            offs = base + t[:, None] * D + d[None, :]
+            k = tl.load(k_ptr + offs, mask=t_ok[:, None], other=0.0).to(tl.float32)
+            v = tl.load(v_ptr + offs, mask=t_ok[:, None], other=0.0).to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         s = tl.where(t_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
         if KV_FP8:
-            p = p * tl.load(vs_ptr + scale_base + t, mask=t_ok, other=0.0)[None, :]
-        if F16_DOTS:
-            acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
+            p = p * tl.load(vs_ptr + scale_base + t)[None, :]
+            if FP8_DOTS:  # p in two e4m3 parts: the B operand of V^T p^T
+                up, down = _row_powers(tl.max(p, axis=1))
+                p_hi, p_lo = _split_e4m3(p * up[:, None], cache_dtype, EXACT)
+                pv = tl.dot(v_t, tl.trans(p_hi)) + tl.dot(v_t, tl.trans(p_lo)) * 0.0625
+                acc += tl.trans(pv) * down[:, None]
+            else:
+                acc += tl.dot(p, tl.trans(v_t.to(tl.float32)), input_precision=PRECISION)
         else:
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+            acc += tl.dot(p, v, input_precision=PRECISION)
         m_i = m_new
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -225,20 +276,25 @@ def attention_scratch(n_heads: int, head_dim: int, splits: int, device) -> tuple
 def decode_attention(qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,
                      window: int | None, scratch, block_t: int = 64, scales=None, q_norm=None,
                      k_norm=None, eps: float = 0.0, rotary: int | None = None,
-                     f16_dots: bool = True, num_warps: int | None = None) -> None:
+                     fp8_dots: bool = True, num_warps: int | None = None) -> None:
     """Rotate the new q and k at `pos`, write k and v to the cache there, and
     out[h] = softmax(q_h K^T * scale) V over the live span (the new token included).
-    An fp8 cache comes with `scales`, its (K scales, V scales) [kv heads, capacity].
+    An fp8 cache (V transposed, [kv heads, head_dim, slots]; floorline.engine.kvcache) comes
+    with `scales`, its (K scales, V scales) [kv heads, slots].
     `q_norm` and `k_norm` ([head_dim], both or neither): each head's RMSNorm (with `eps`)
     before the rotation; `rotary`: the dims turned (cos and sin are [capacity, rotary / 2]),
-    all by default. `f16_dots` and `num_warps` (attention_warps by default) are launch choices
-    for benchmarks; the engine keeps the defaults."""
+    all by default. `fp8_dots` (else an fp8 cache's products run in tf32) and `num_warps`
+    (attention_warps by default) are launch choices for benchmarks; the engine keeps the
+    defaults."""
     n_kv_heads, capacity, head_dim = k_cache.shape
     n_heads = out.numel() // head_dim
     part, stats = scratch
     splits = part.shape[1]
     group = n_heads // n_kv_heads
-    fp8 = _check_scales(k_cache, scales)
+    fp8 = _check_scales(k_cache, v_cache, scales)
+    if fp8 and block_t > FP8_SLACK:
+        raise ValueError(f"an fp8 cache's tiles read at most {FP8_SLACK} slots past its "
+                         f"capacity: block_t {block_t} is too long")
     k_scale, v_scale = scales if fp8 else (stats, stats)  # not read without fp8
     _attention_split_kernel[(n_kv_heads, splits)](
         qkv, k_cache, v_cache, k_scale, v_scale, cos, sin, pos, part, stats, capacity, scale,
@@ -246,7 +302,7 @@ def decode_attention(qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,
         ROT=rotary or head_dim, QK_NORM=q_norm is not None, HQ=n_heads, HKV=n_kv_heads, G=group,
         G_PAD=max(16, triton.next_power_of_2(group)), D=head_dim, BLOCK_T=block_t,
         SPLITS=splits, WINDOWED=window is not None, KV_FP8=fp8,
-        F16_DOTS=fp8 and f16_dots and qkv.dtype != torch.float32,
+        FP8_DOTS=fp8 and fp8_dots and qkv.dtype != torch.float32, EXACT=not qkv.is_cuda,
         PRECISION=_precision(qkv.dtype), num_warps=num_warps or attention_warps(head_dim),
         **pdl_options(qkv))
     _attention_combine_kernel[(n_heads,)](part, stats, out, SPLITS=splits, D=head_dim,
@@ -254,10 +310,14 @@ def decode_attention(qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,
                                           **pdl_options(qkv))
 
 
-def _check_scales(k_cache, scales) -> bool:
+def _check_scales(k_cache, v_cache, scales) -> bool:
     fp8 = k_cache.dtype == FP8
     if fp8 != (scales is not None):
         raise ValueError("an fp8 cache needs its scales, and only an fp8 cache has them")
+    kv_heads, slots, head_dim = k_cache.shape
+    if fp8 and v_cache.shape != (kv_heads, head_dim, slots):
+        raise ValueError(f"an fp8 cache's V is [kv heads, head_dim, slots], "
+                         f"{(kv_heads, head_dim, slots)} beside this K, not {tuple(v_cache.shape)}")
     return fp8
 
 
@@ -281,14 +341,17 @@ def decode_attention_reference(qkv, k_cache, v_cache, cos, sin, pos, out, *, sca
     x1, x2 = x[:, :turned].chunk(2, dim=-1)
     r = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, x[:, turned:]], dim=-1).to(qkv.dtype)
     k_new, v_new = r[n_heads:].unsqueeze(1), qkv[rotated:].view(n_kv_heads, 1, head_dim)
-    if _check_scales(k_cache, scales):
-        for x, cache, cache_scale in ((k_new, k_cache, scales[0]), (v_new, v_cache, scales[1])):
+    if _check_scales(k_cache, v_cache, scales):
+        # V transposed: its tokens are the last dimension
+        for x, cache, cache_scale, at in ((k_new, k_cache, scales[0], 1),
+                                          (v_new, v_cache, scales[1], 2)):
             values, x_scale = quantise(x)
+            values = values if at == 1 else values.transpose(1, 2).contiguous()
             # index_copy_ has no fp8 kernel on the CPU: the bytes are copied as they are
-            cache.view(torch.uint8).index_copy_(1, index, values.view(torch.uint8))
+            cache.view(torch.uint8).index_copy_(at, index, values.view(torch.uint8))
             cache_scale.index_copy_(1, index, x_scale)
-        keys, values = (dequantise(t, ts, torch.float32) for t, ts in zip((k_cache, v_cache),
-                                                                           scales))
+        keys = dequantise(k_cache, scales[0], torch.float32)
+        values = dequantise(v_cache.transpose(1, 2), scales[1], torch.float32)
     else:
         k_cache.index_copy_(1, index, k_new.to(k_cache.dtype))
         v_cache.index_copy_(1, index, v_new.to(v_cache.dtype))
