@@ -55,7 +55,9 @@ def attention(name, heads, kv_heads, d, rot, qk_norm, windowed, fp8=False, norm_
         G_PAD=max(16, triton.next_power_of_2(group)), D=d,
         BLOCK_T=attention_block_t(d, "fp8" if fp8 else "bf16"), SPLITS=32, WINDOWED=windowed,
         KV_FP8=fp8, FP8_DOTS=fp8, EXACT=False, PRECISION="tf32", PDL=True)
-    return name, _attention_split_kernel, types, constexprs, attention_warps(d)
+    # an fp8 cache's slots are a multiple of 16 (floorline.engine.kvcache), as Triton sees at launch
+    return (name, _attention_split_kernel, types, constexprs, attention_warps(d),
+            ("capacity",) if fp8 else ())
 
 
 def gemv_geglu(name, n, k, split_k=1):
@@ -93,14 +95,15 @@ VARIANTS = [
 ]
 
 
-def compile_variant(name, kernel, types, constexprs, warps) -> dict:
+def compile_variant(name, kernel, types, constexprs, warps, divisible=()) -> dict:
     signature = {a: types.get(a, "constexpr") for a in kernel.arg_names}
     missing = [a for a in kernel.arg_names if signature[a] == "constexpr" and a not in constexprs]
     if missing:
         raise SystemExit(f"{name}: no value for {', '.join(missing)}")
-    # pointers 16-byte aligned, as Triton specialises them at launch for torch's allocations
+    # pointers 16-byte aligned, as Triton specialises them at launch for torch's allocations,
+    # and the integers in `divisible` multiples of 16
     attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]]
-             for a, t in signature.items() if t.startswith("*")}
+             for a, t in signature.items() if t.startswith("*") or a in divisible}
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=warps, num_stages=3))
