@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from floorline.engine.kernels.arrival import last_to_arrive
 from floorline.engine.kernels.launch import pdl_options
 from floorline.engine.quant import Fp8Weight, Int4Weight, dense
 
@@ -136,11 +137,7 @@ def _epilogue(y, y_up, sum_squares, rows, row_ok, pid_n, pid_k, bias_ptr, out_pt
             tl.atomic_add(part_ptr + N + rows, y_up, mask=row_ok, sem="relaxed")
         if NORM:
             tl.atomic_add(part_ptr + 2 * N + pid_n, sum_squares, sem="relaxed")
-        # every thread's partials before the arrival; the arrival releases them and the last
-        # one's acquires the other splits'
-        tl.debug_barrier()
-        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
+        if last_to_arrive(count_ptr + pid_n, SPLIT_K):
             # read where the atomics landed (adding zero), then zeroed for the next launch
             # (Triton's CPU interpreter has no floating-point exchange)
             y = tl.atomic_add(part_ptr + rows, 0.0, mask=row_ok, sem="relaxed")

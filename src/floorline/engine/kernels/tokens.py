@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from floorline.engine.kernels.arrival import last_to_arrive
 from floorline.engine.kernels.launch import pdl_options
 
 ARGMAX_BLOCK = 2048  # values a program: 16 a thread at 4 warps; 63-75 programs for 7-8B vocabs
@@ -93,11 +94,7 @@ def _argmax_kernel(x_ptr, index_ptr, token_ptr, best_ptr, at_ptr, count_ptr, N,
     # every program holds at least one index below N, so the first maximum is a real one
     tl.store(best_ptr + pid, top)
     tl.store(at_ptr + pid, tl.min(tl.where(x == top, i, N), axis=0))
-    # every thread's stores before the arrival; the arrival releases them and the last one's
-    # acquires the other programs'
-    tl.debug_barrier()
-    arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel")
-    if arrived == PROGRAMS - 1:
+    if last_to_arrive(count_ptr, PROGRAMS):
         p = tl.arange(0, PROGRAMS_PAD)
         best = tl.load(best_ptr + p, mask=p < PROGRAMS, other=float("-inf"), cache_modifier=".cg")
         at = tl.load(at_ptr + p, mask=p < PROGRAMS, other=N, cache_modifier=".cg")
