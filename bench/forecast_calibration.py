@@ -1,7 +1,8 @@
 """Writes the forecast's shipped calibration (src/floorline/forecast/h200.json) from the
 committed H200 results: every valid cell of the merged database and the engine's re-measured
 quantised cells (the newest of each model, ctx and path; a path re-measured after its kernels
-changed keeps only its re-measured cells, as older ones time other kernels), the explain
+or their launch configurations changed keeps only its re-measured cells, as older ones time
+other kernels), the explain
 decompositions in the database and in the explain JSON files, and the probe.
 
     PYTHONPATH=src python bench/forecast_calibration.py
@@ -20,10 +21,10 @@ OUT = Path(__file__).parents[1] / "src" / "floorline" / "forecast" / SHIPPED
 def main() -> None:
     merged = Store(RESULTS / "h200_all.db", read_only=True)
     cal = from_rows(merged.rows(), merged.explanations(), merged.probes(), "H200 results")
-    quant = Store(RESULTS / "h200_engine_quant.db", read_only=True)
+    quant = Store(RESULTS / "h200_engine_quant_retimed.db", read_only=True)
     requant = from_rows(quant.rows(), [], {}, "H200 engine quantised results")
-    # the engine's quantised paths, whose kernels changed; the rest of that run (engine bf16,
-    # llama.cpp) joins the merged cells like any other newer measurement
+    # the engine's quantised paths, whose kernels changed; the rest of that run (engine bf16)
+    # joins the merged cells like any other newer measurement
     again = {c["path"] for c in requant.cells if c["path"].startswith("engine-")}
     cal.cells = [c for c in cal.cells if c["path"] not in again]
     cal = combine(cal, requant)

@@ -24,6 +24,9 @@
 #                                       then the logits' difference at ctx 2048, 32768, 131072
 #   bash bench/h200_engine.sh kvfp8-kernels   split-KV attention on an fp8 cache, per split, block size,
 #                                       warps and product precision
+#   bash bench/h200_engine.sh step-tune the GEMVs' launch configurations tuned again inside the step at ctx
+#                                       2048 (WEIGHTS=int4 by default; SAVE=1 writes the changes into the
+#                                       local table)
 #   bash bench/h200_engine.sh check-32k the bf16 engine against transformers after a 32k prompt (Llama-3.1-8B)
 #   bash bench/h200_engine.sh energy    J/token of the headline's paths (Qwen2.5-7B, ctx 2048), and the
 #                                       engine's ctx 16384 cells warmed up until steady, with their
@@ -92,6 +95,11 @@ case ${1:?stage} in
     python3 bench/engine_kv_error.py --model llama-3.1-8b --ctx 2048,32768,131072 \
       --json "$DEST/h200_engine_kv_error.json" || echo "stage failed"
     DB=$KVDB ;;
+  step-tune)
+    for m in ${MODELS//,/ }; do
+      python3 bench/engine_step_tune.py --model "$m" --ctx 2048 --weights "${WEIGHTS:-int4}" \
+        ${SAVE:+--save} --json "$DEST/h200_engine_step_tune_${m}_${WEIGHTS:-int4}.json"
+    done ;;
   check-32k)
     python3 bench/engine_check.py --models llama-3.1-8b --prompt 32704 \
       --json "$DEST/h200_engine_check_32k.json" ;;

@@ -13,7 +13,8 @@ PY=${PYTHON:-python3}
 R=bench/results
 rm -f $R/h200_all.db $R/h200_all.db-wal $R/h200_all.db-shm
 $PY -m floorline merge $R/h200_all.db $R/h200.db $R/h200_eager_repeat.db $R/h200_engine.db \
-  $R/h200_engine_quant.db $R/h200_engine_longctx.db $R/h200_engine_kvfp8.db $R/h200_quantised.db
+  $R/h200_engine_quant.db $R/h200_engine_quant_retimed.db \
+  $R/h200_engine_longctx.db $R/h200_engine_kvfp8.db $R/h200_quantised.db
 # One self-contained file to commit: no write-ahead log beside it.
 $PY -c 'import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute("PRAGMA journal_mode=DELETE")' $R/h200_all.db
 rm -rf docs/report-h200

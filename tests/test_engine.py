@@ -245,6 +245,24 @@ def test_a_broken_tuning_table_is_one_line(tmp_path, monkeypatch, text):
         GemvTuner("cpu")
 
 
+def test_a_configuration_saved_to_the_local_table_is_used_over_the_shipped_one(tmp_path,
+                                                                                monkeypatch):
+    from floorline.engine.kernels.gemv import GemvConfig
+    from floorline.engine.tuning import SHIPPED, GemvTuner
+
+    monkeypatch.setenv("FLOORLINE_CACHE", str(tmp_path))
+    shipped = {f: f.read_bytes() for f in SHIPPED.glob("*.json")}
+    tuner = GemvTuner("cpu")
+    key = next(iter(tuner.table))  # a shipped key
+    mine = GemvConfig(4, 256, num_warps=2, split_k=3)
+    assert tuner.current(key) != mine
+    tuner.use(key, mine, step_ratio=0.99)
+    tuner.save(key)
+    again = GemvTuner("cpu")
+    assert again.current(key) == mine and again.table[key]["step_ratio"] == 0.99
+    assert {f: f.read_bytes() for f in SHIPPED.glob("*.json")} == shipped
+
+
 @pytest.mark.parametrize("name, n, chunk", [("tiny-llama", 40, 7), ("tiny-qwen2", 33, 16),
                                             ("tiny-mistral-swa", 300, 64)])
 def test_chunked_prefill_equals_one_pass(name, n, chunk):

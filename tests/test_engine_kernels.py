@@ -14,7 +14,7 @@ from floorline.engine.kernels.attention import (
     decode_attention_reference,
 )
 from floorline.engine.kernels.gemv import GemvConfig, SplitPartials, gemv, gemv_reference
-from floorline.engine.tuning import candidates, interpreter_config
+from floorline.engine.tuning import candidates, interpreter_config, tune_in_step
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 arithmetic lands far under 1e-5; a bf16 output differs by its own rounding (~4e-3).
@@ -111,6 +111,51 @@ def test_tuning_candidates_fit_their_shape():
             assert c.split_k * c.block_k <= k or c.split_k == 1
     assert any(c.split_k > 1 for c in candidates(18944))
     assert interpreter_config(96).block_k == 128
+
+
+class FakeStep:
+    """A step whose time is 1 ms plus each shape's cost for the configuration in force; `lucky`
+    configurations time fast at their first (screening) timing only, as noise would have it."""
+
+    def __init__(self, cost, lucky=()):
+        self.cost, self.lucky = cost, set(lucky)
+        self.state = {key: GemvConfig(16, 512) for key, _ in cost}
+        self.timings = 0
+
+    def apply(self, key, config):
+        self.state[key] = config
+
+    def time_step(self):
+        self.timings += 1
+        luck = [(k, c) for k, c in self.state.items() if (k, c) in self.lucky]
+        self.lucky -= set(luck)
+        return 1.0 + sum(self.cost[k, c] for k, c in self.state.items()) - 0.1 * len(luck)
+
+
+def test_in_step_tuning_takes_a_faster_configuration_only_when_confirmed():
+    a, b, c = GemvConfig(16, 512), GemvConfig(8, 512), GemvConfig(16, 512, split_k=2)
+    # x: b saves 5% of the step; y: b saves 0.1% (under the 0.3% asked) and c is only lucky
+    cost = {("x", a): 0.0, ("x", b): -0.05, ("x", c): 0.01,
+            ("y", a): 0.0, ("y", b): -0.001, ("y", c): 0.02}
+    step = FakeStep(cost, lucky=[("y", c)])
+    chosen = tune_in_step(["x", "y"], lambda key: [a, b, c], step.state.__getitem__,
+                          step.apply, step.time_step, min_gain=0.003, rounds=3)
+    assert [r["chosen"] for r in chosen] == [b, a]
+    assert chosen[0]["ratio"] == pytest.approx(0.95)
+    assert chosen[1]["ratio"] == pytest.approx(0.97 / 0.95)  # the lucky one, confirmed slower
+    assert step.state == {"x": b, "y": a}  # what was chosen is what stays in force
+    assert chosen[0]["screened_ms"] == {a: 1.0, b: 0.95, c: 1.01}
+    # per shape: the incumbent and two candidates screened once, then 3 rounds of 2
+    assert step.timings == 2 * (3 + 3 * 2)
+
+
+def test_in_step_tuning_keeps_the_incumbent_when_it_is_fastest():
+    a, b = GemvConfig(16, 512), GemvConfig(8, 512)
+    step = FakeStep({("x", a): 0.0, ("x", b): 0.02})
+    chosen = tune_in_step(["x"], lambda key: [b, a], step.state.__getitem__, step.apply,
+                          step.time_step)
+    assert chosen[0]["chosen"] == a and chosen[0]["ratio"] is None
+    assert step.state == {"x": a} and step.timings == 2
 
 
 def attention_case(dtype, pos, window, splits, seed, heads=6, kv_heads=2, rotary=None,

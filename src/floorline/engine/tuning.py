@@ -5,6 +5,10 @@ another copy of the weights so that the copies together overflow L2 four times (
 every weight once; a timing loop over one matrix would measure L2). The table is
 FLOORLINE_CACHE/engine-gemv.json, over the shipped tables in engine/tuned/ (a run on a GPU
 measured by this project).
+
+Inside the step a kernel overlaps its neighbours (programmatic dependent launch), so the
+configuration fastest alone need not be fastest there: tune_in_step searches again with the
+whole step as the timer (bench/engine_step_tune.py drives it on a GPU).
 """
 
 from __future__ import annotations
@@ -99,7 +103,8 @@ def random_like(w, generator):
 
 
 def _read_table(path: Path) -> dict:
-    """{key: GemvConfig fields (+ us, gbps)}; anything else is refused in one line."""
+    """{key: GemvConfig fields (+ how each was chosen: us and gbps alone, or step_ratio and
+    tuned_in_step in a step)}; anything else is refused in one line."""
     fields = {f.name for f in dataclasses.fields(GemvConfig)
               if f.default is dataclasses.MISSING}  # fields with defaults may be absent
     try:
@@ -119,6 +124,7 @@ class GemvTuner:
         self.cuda = self.device.type == "cuda"
         self.gpu = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
         self.file = cache_dir() / "engine-gemv.json"
+        self.seen = {}  # key -> (K, int4 group or None) of each shape looked up, in order
         self.table = {}
         for source in sorted(SHIPPED.glob("*.json")) + [self.file]:
             if source.is_file():
@@ -133,16 +139,25 @@ class GemvTuner:
         if not self.cuda:
             return interpreter_config(w.shape[1], group_of(w))
         key = self.key(w, out, norm=norm, up=up, bias=bias, accumulate=accumulate)
+        self.seen.setdefault(key, (w.shape[1], group_of(w)))
         if key not in self.table:
             best, us = self.tune(w, out, norm=norm, up=up, bias=bias, accumulate=accumulate)
             weight_bytes = nbytes(w) * (2 if up else 1)
-            self.table[key] = {**dataclasses.asdict(best), "us": round(us, 2),
-                               "gbps": round(weight_bytes / us / 1e3, 1)}
-            self._save(key)
+            self.use(key, best, us=round(us, 2), gbps=round(weight_bytes / us / 1e3, 1))
+            self.save(key)
+        return self.current(key)
+
+    def current(self, key: str) -> GemvConfig:
         fields = {f.name for f in dataclasses.fields(GemvConfig)}
         return GemvConfig(**{f: v for f, v in self.table[key].items() if f in fields})
 
-    def _save(self, key: str) -> None:
+    def use(self, key: str, config: GemvConfig, **facts) -> None:
+        """Put `config` in force for `key` (launches from now on take it), with `facts` on how
+        it was chosen beside it."""
+        self.table[key] = {**dataclasses.asdict(config), **facts}
+
+    def save(self, key: str) -> None:
+        """Write `key`'s entry into the local table (the shipped ones are never written)."""
         self.file.parent.mkdir(parents=True, exist_ok=True)
         mine = _read_table(self.file) if self.file.is_file() else {}
         mine[key] = self.table[key]
@@ -179,6 +194,44 @@ class GemvTuner:
             results.append((time_graph(run) / copies, config))
         us, best = min(results, key=lambda r: r[0])
         return best, us
+
+
+def tune_in_step(keys, candidates_of, current, apply, time_step, *, min_gain: float = 0.003,
+                 rounds: int = 3) -> list[dict]:
+    """One pass of coordinate descent over the step's GEMV shapes, the whole step the timer.
+
+    For each table key in `keys`: `current(key)` is the configuration in force, each of
+    `candidates_of(key)` is put in force by `apply(key, config)` and the step timed once by
+    `time_step()` (ms); the fastest is then timed against the incumbent `rounds` times more,
+    alternately, and replaces it only if the median ratio of their steps is at least `min_gain`
+    below 1 (one screening time per candidate is within the step's noise of its neighbours').
+    What is chosen stays in force for the keys after it. Returns, per key, the incumbent, the
+    chosen configuration, the screened step times and the confirming ratio (None where the
+    incumbent was fastest)."""
+    chosen = []
+    for key in keys:
+        incumbent = current(key)
+        apply(key, incumbent)
+        screened = {incumbent: time_step()}
+        for config in candidates_of(key):
+            if config not in screened:
+                apply(key, config)
+                screened[config] = time_step()
+        best = min(screened, key=screened.get)
+        ratio = None
+        if best != incumbent:
+            ratios = []
+            for _ in range(rounds):
+                apply(key, incumbent)
+                before = time_step()
+                apply(key, best)
+                ratios.append(time_step() / before)
+            ratio = statistics.median(ratios)
+        keep = best if ratio is not None and ratio <= 1 - min_gain else incumbent
+        apply(key, keep)
+        chosen.append(dict(key=key, incumbent=incumbent, chosen=keep, ratio=ratio,
+                           screened_ms={c: round(ms, 4) for c, ms in screened.items()}))
+    return chosen
 
 
 def rotation_copies(nbytes: int, device) -> int:
