@@ -27,6 +27,11 @@
 #   bash bench/h200_engine.sh step-tune the GEMVs' launch configurations tuned again inside the step at ctx
 #                                       2048 (WEIGHTS=int4 by default; SAVE=1 writes the changes into the
 #                                       local table)
+#   bash bench/h200_engine.sh step-tune-ab   step-tune with SAVE=1 into a local table of its own, then
+#                                       engine-$WEIGHTS at $CTX in fresh processes: the shipped table, the
+#                                       tuned one over it, the shipped one again (one database each)
+#   bash bench/h200_engine.sh retime    the engine's four paths (bf16, int4, int4 with the fp8 head, fp8)
+#                                       at $CTX in one run, with the shipped table only
 #   bash bench/h200_engine.sh check-32k the bf16 engine against transformers after a 32k prompt (Llama-3.1-8B)
 #   bash bench/h200_engine.sh energy    J/token of the headline's paths (Qwen2.5-7B, ctx 2048), and the
 #                                       engine's ctx 16384 cells warmed up until steady, with their
@@ -100,6 +105,19 @@ case ${1:?stage} in
       python3 bench/engine_step_tune.py --model "$m" --ctx 2048 --weights "${WEIGHTS:-int4}" \
         ${SAVE:+--save} --json "$DEST/h200_engine_step_tune_${m}_${WEIGHTS:-int4}.json"
     done ;;
+  step-tune-ab)
+    W=${WEIGHTS:-int4} SHIPPED_ONLY=$(mktemp -d) TUNED=$(mktemp -d)
+    FLOORLINE_CACHE=$TUNED SAVE=1 bash "$0" step-tune || echo "stage failed"
+    for v in base tuned base2; do
+      c=$SHIPPED_ONLY; [[ $v == tuned ]] && c=$TUNED
+      FLOORLINE_CACHE=$c fl sweep --db "$DEST/steptune_${W}_$v.db" --models "$MODELS" --ctx "$CTX" \
+        --paths "engine-$W" || echo "stage failed"
+    done
+    cp "$TUNED/engine-gemv.json" "$DEST/steptune_${W}_table.json" 2>/dev/null || echo "no change" ;;
+  retime)
+    FLOORLINE_CACHE=$(mktemp -d) fl sweep --db "${DB%.db}_quant_retimed.db" --models "$MODELS" \
+      --ctx "$CTX" --paths engine,engine-int4,engine-int4-fp8head,engine-fp8
+    DB=${DB%.db}_quant_retimed.db ;;
   check-32k)
     python3 bench/engine_check.py --models llama-3.1-8b --prompt 32704 \
       --json "$DEST/h200_engine_check_32k.json" ;;
