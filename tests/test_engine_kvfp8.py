@@ -219,7 +219,7 @@ def test_the_floor_counts_fp8_kv_and_its_scales():
 
 
 def test_the_kvfp8_paths():
-    for name, weights in (("engine-kvfp8", "bf16"), ("engine-int4-kvfp8", "engine-int4-g128"),
+    for name, weights in (("engine-kvfp8", "bf16"), ("engine-int4-kvfp8", "engine-int4"),
                           ("engine-fp8-kvfp8", "engine-fp8")):
         path = REGISTRY[name]
         assert (path.weight_format, path.kv_dtype, path.reference) == (weights, "engine-fp8",

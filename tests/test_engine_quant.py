@@ -209,19 +209,19 @@ def test_the_int4_kernels_decode_like_transformers():
 
 def test_int4_needs_matrix_widths_that_hold_whole_groups():
     with pytest.raises(FloorlineError, match="multiple of it"):
-        Engine(resolve_model("tiny-qwen2"), "cpu", 16, weights="int4")  # hidden 96
-    Engine(resolve_model("tiny-qwen2"), "cpu", 16, weights="int4", group_size=32)
+        Engine(resolve_model("tiny-qwen2"), "cpu", 16, weights="int4", group_size=128)  # 96
+    assert Engine(resolve_model("tiny-qwen2"), "cpu", 16, weights="int4").group_size == 32
     with pytest.raises(FloorlineError, match="engine weights must be one of"):
         Engine(resolve_model("tiny-llama"), "cpu", 16, weights="nf4")
 
 
 # --- checkpoints: AWQ and GPTQ loaded as they are, a 16-bit one quantised at load ---
 
-def _write_packed_checkpoint(directory, layout_name, **qc_extra):
+def _write_packed_checkpoint(directory, layout_name, group=128, **qc_extra):
     """tiny-llama as an AutoAWQ GEMM or GPTQ v1 checkpoint; returns the transformers model
     holding the matrices the packed tensors stand for."""
     return write_packed_checkpoint(resolve_model("tiny-llama"), directory, layout_name,
-                                   **qc_extra)
+                                   group=group, **qc_extra)
 
 
 def _teacher_forced_errors(engine, hf, tokens):
@@ -240,17 +240,22 @@ def _teacher_forced_errors(engine, hf, tokens):
     return [relative_error(m, t) for m, t in zip(mine, theirs)]
 
 
-@pytest.mark.parametrize("layout_name, extra", [("awq", {}), ("gptq", {}),
-                                                ("gptq", {"sym": False})])
-def test_packed_checkpoints_run_as_stored(tmp_path, layout_name, extra):
-    hf = _write_packed_checkpoint(tmp_path, layout_name, **extra)
+@pytest.mark.parametrize("layout_name, extra, group", [
+    ("awq", {}, 128), ("gptq", {}, 128), ("gptq", {"sym": False}, 128), ("awq", {}, 32),
+    ("gptq", {}, 64)])
+def test_packed_checkpoints_run_as_stored(tmp_path, layout_name, extra, group):
+    hf = _write_packed_checkpoint(tmp_path, layout_name, group, **extra)
     spec = resolve_model(str(tmp_path))
     engine = Engine(spec, "cpu", 32, dtype=torch.float32)  # weights: the checkpoint's own
     assert quant.format_of(engine.decoder.w.layers[0].wdown) == "int4"
+    assert engine.group_size == group  # its own, not the widths' largest
     tokens = torch.randint(1024, (20,), generator=torch.Generator().manual_seed(7))
     assert max(_teacher_forced_errors(engine, hf, tokens)) < 1e-4
     with pytest.raises(FloorlineError, match="run it as int4, not fp8"):
         Engine(spec, "cpu", 32, dtype=torch.float32, weights="fp8")
+    other = 64 if group != 64 else 32
+    with pytest.raises(FloorlineError, match=f"run it at group {group}, not {other}$"):
+        Engine(spec, "cpu", 32, dtype=torch.float32, weights="int4", group_size=other)
 
 
 def test_packed_checkpoints_keep_the_linears_biases(tmp_path):
@@ -268,7 +273,8 @@ def test_packed_checkpoints_keep_the_linears_biases(tmp_path):
 
 
 @pytest.mark.parametrize("extra, message", [
-    ({"desc_act": True}, "act-order"), ({"bits": 8}, "4 bits, group 128"),
+    ({"desc_act": True}, "act-order"), ({"bits": 8}, "4 bits, groups of 32, 64 or 128"),
+    ({"group_size": 16}, "4 bits, groups of 32, 64 or 128"),
     ({"checkpoint_format": "gptq_v2"}, "reads v1"),
 ])
 def test_unsupported_gptq_variants_are_one_line(tmp_path, extra, message):
@@ -326,8 +332,9 @@ def test_quantised_engine_paths_are_cells_against_their_own_floor(cli, tmp_path)
         "--device", "cpu", check=True)
     rows = {(r["model"], r["path"]): r for r in json.loads(cli("show", "--db", db, "--json",
                                                                check=True).stdout)}
-    assert rows["tiny-qwen2", "engine-int4"]["status"] == "invalid"
-    assert "multiple of it" in rows["tiny-qwen2", "engine-int4"]["reason"]
+    # hidden 96: groups of 32, and the floor counts theirs
+    qwen = rows["tiny-qwen2", "engine-int4"]
+    assert qwen["status"] == "valid" and qwen["weight_format"] == "engine-int4-g32"
     cell = rows["tiny-llama", "engine-int4"]
     assert cell["status"] == "valid" and cell["weight_format"] == "engine-int4-g128"
     # the floor's bytes: every linear at 4 bits + 24 bits per 128, the rest 16-bit
@@ -346,18 +353,21 @@ def test_quantised_engine_paths_are_cells_against_their_own_floor(cli, tmp_path)
         rows["tiny-llama", "engine"]["median_ms"] / cell["median_ms"])
 
 
-def test_int4_tuning_candidates_are_whole_groups_and_row_blocks():
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_tuning_candidates_are_whole_groups_and_row_blocks(group):
     from floorline.engine.tuning import candidates, interpreter_config
 
-    for k in [3584, 18944, 128, 384]:
-        configs = candidates(k, group=128)
+    for k in [3584, 18944, 128, 384, 576, 1536]:
+        if k % group:
+            continue
+        configs = candidates(k, group=group)
         assert configs
         for c in configs:
-            groups = c.block_k // 128
-            assert c.block_k % 128 == 0 and groups & (groups - 1) == 0
-            assert c.block_n % 4 == 0
+            groups = c.block_k // group
+            assert c.block_k % group == 0 and groups & (groups - 1) == 0
+            assert c.block_n % 4 == 0 and (group // 8) % c.words == 0
             assert c.split_k == 1 or c.split_k * c.block_k <= k
-    assert any(c.split_k > 1 for c in candidates(3584, group=128))
+    assert any(c.split_k > 1 for c in candidates(3584, group=group))
     assert interpreter_config(96, group=32).block_k == 128  # 3 groups of 32 -> 4 per block
     assert interpreter_config(3584, group=128).block_k == 256
 

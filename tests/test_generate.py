@@ -163,16 +163,19 @@ def test_bad_arguments_are_one_line_errors(checkpoint):
 
 
 def test_int4_and_fp8_generate_from_a_16bit_checkpoint(cli, checkpoint):
-    for weights, head in (("int4", "bf16"), ("fp8", "fp8")):
-        # hidden 64 is not a whole number of 128-groups: int4 is refused in one line
+    # hidden 64 is not a whole number of 128-groups: int4 runs in groups of 64, or of 32 asked
+    for weights, head, group, summary in (("int4", "bf16", None, "engine-int4-g64"),
+                                          ("int4", "bf16", 32, "engine-int4-g32"),
+                                          ("fp8", "fp8", None, "engine-fp8-fp8head")):
         proc = cli("generate", "--model", checkpoint, "--prompt", PROMPT, "--max-new-tokens", 4,
-                   "--device", "cpu", "--dtype", "float32", "--weights", weights, "--head", head)
-        if weights == "int4":
-            assert proc.returncode == 2 and "multiple of it" in proc.stderr
-            assert "Traceback" not in proc.stderr
-            continue
+                   "--device", "cpu", "--dtype", "float32", "--weights", weights, "--head", head,
+                   *(("--group-size", group) if group else ()))
         assert proc.returncode == 0, proc.stderr
-        assert "weights engine-fp8-fp8head" in proc.stderr
+        assert f"weights {summary}," in proc.stderr
+    proc = cli("generate", "--model", checkpoint, "--prompt", PROMPT, "--device", "cpu",
+               "--weights", "int4", "--group-size", 128)
+    assert proc.returncode == 2 and "int4 group 128 needs every matrix width (64, 128)" in \
+        proc.stderr and "Traceback" not in proc.stderr
     proc = cli("generate", "--model", checkpoint, "--prompt", PROMPT, "--device", "cpu",
                "--weights", "nf4")
     assert proc.returncode == 2 and "engine weights must be one of" in proc.stderr

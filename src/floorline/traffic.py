@@ -47,6 +47,17 @@ class WeightFormat:
         return (vocab * hidden * bits + vocab * self.head_row_bits) / 8
 
 
+# The engine's int4 group sizes along K, largest first (floorline.engine.quant's layout).
+ENGINE_INT4_GROUPS = (128, 64, 32)
+
+
+def engine_int4_group(widths) -> int | None:
+    """The group the engine's int4 runs at where none is asked for: the largest of
+    ENGINE_INT4_GROUPS that divides every matrix width (the K of each linear); None where none
+    does."""
+    return next((g for g in ENGINE_INT4_GROUPS if all(k % g == 0 for k in widths)), None)
+
+
 # GGUF block types (ggml-common.h): Q4_0 = fp16 scale + 32 4-bit weights (18 bytes per 32);
 # Q6_K = 256 weights in 210 bytes (6.5625 bits); Q8_0 = 34 bytes per 32. llama.cpp's Q4_0 files
 # keep the LM head in Q6_K (Q8_0 where a row is not a multiple of 256) and norms in F32.
@@ -58,6 +69,11 @@ WEIGHT_FORMATS = {
         WeightFormat("bf16", 16),
         WeightFormat("fp16", 16),
         WeightFormat("fp32", 32, head_bits=32, embed_bits=32, dense_bits=32),
+        WeightFormat("bf16-fp8head", 16, head_bits=8, head_row_bits=32,
+                     source="floorline's engine in bf16 with its LM head in fp8 (e4m3), one fp32 "
+                            "scale per row"),
+        WeightFormat("fp32-fp8head", 32, head_bits=8, head_row_bits=32, embed_bits=32,
+                     dense_bits=32, source="the engine in float32 with its LM head in fp8"),
         WeightFormat("int8", 8, 0, 16, source="int8 with one fp16 scale per output row"),
         WeightFormat("int4-g128", 4, 128, 32,
                      source="int4 with a 16-bit scale and a 16-bit zero per 128 (torchao's "
@@ -74,12 +90,23 @@ WEIGHT_FORMATS = {
         WeightFormat("awq-int4-g128", 4, 128, 16 + 4,
                      source="AWQ (AutoAWQ GEMM): int4 qweight, fp16 scale and 4-bit packed zero "
                             "per 128; Marlin's repacked form holds the same"),
-        WeightFormat("engine-int4-g128", 4, 128, 16 + 8,
-                     source="floorline's engine int4: fp16 scale and uint8 zero point per 128 "
-                            "along K, repacked from AWQ/GPTQ or quantised at load"),
-        WeightFormat("engine-int4-g128-fp8head", 4, 128, 16 + 8, head_bits=8, head_row_bits=32,
-                     source="the engine's int4 with its LM head in fp8 (e4m3), one fp32 scale "
-                            "per row"),
+        *(WeightFormat(f"engine-int4-g{g}", 4, g, 16 + 8,
+                       source=f"floorline's engine int4: fp16 scale and uint8 zero point per {g} "
+                              "along K, repacked from AWQ/GPTQ or quantised at load")
+          for g in ENGINE_INT4_GROUPS),
+        *(WeightFormat(f"engine-int4-g{g}-fp8head", 4, g, 16 + 8, head_bits=8,
+                       head_row_bits=32,
+                       source=f"the engine's int4 (group {g}) with its LM head in fp8 (e4m3), "
+                              "one fp32 scale per row")
+          for g in ENGINE_INT4_GROUPS),
+        # What an engine-int4 path names: floor() counts the group the engine picks for the
+        # model (engine_int4_group); these entries hold group 128's bytes for any other use.
+        WeightFormat("engine-int4", 4, 128, 16 + 8,
+                     source="floorline's engine int4 at the group it picks for the model: 128 "
+                            "where it divides every matrix width, else 64 or 32 (counted as "
+                            "engine-int4-g64 or -g32)"),
+        WeightFormat("engine-int4-fp8head", 4, 128, 16 + 8, head_bits=8, head_row_bits=32,
+                     source="engine-int4 with its LM head in fp8 (e4m3), one fp32 scale per row"),
         WeightFormat("engine-fp8", 8, 0, 32,
                      source="floorline's engine fp8: float8 e4m3 with one fp32 scale per output "
                             "row"),
@@ -118,17 +145,15 @@ KV_FORMATS = {
 }
 
 
-def engine_weight_format(weights: str, head: str, dtype_format: str = "bf16") -> str:
+def engine_weight_format(weights: str, head: str, dtype_format: str = "bf16",
+                         group_size: int | None = None) -> str:
     """The weight format of floorline's engine running `weights` linears (bf16, int4, fp8) and a
-    `head` LM head (bf16, fp8); `dtype_format` names its 16-bit dtype."""
-    base = {"int4": "engine-int4-g128", "fp8": "engine-fp8"}.get(weights, dtype_format)
+    `head` LM head (bf16, fp8); `dtype_format` names its 16-bit dtype. int4 is named by its
+    `group_size`, or where None by the group the engine picks for the model, which floor()
+    resolves."""
+    group = f"-g{group_size}" if group_size else ""
+    base = {"int4": "engine-int4" + group, "fp8": "engine-fp8"}.get(weights, dtype_format)
     return base + ("-fp8head" if head == "fp8" else "")
-
-
-def engine_kv_format(kv: str, dtype_format: str = "bf16") -> str:
-    """The KV format of floorline's engine with a `kv` cache (bf16: its 16-bit dtype, named by
-    `dtype_format`; fp8)."""
-    return "engine-fp8" if kv == "fp8" else dtype_format
 
 
 @dataclass(frozen=True)
@@ -253,6 +278,21 @@ def kv_bytes(config, ctx: int, kv_dtype: str) -> int:
     return sum(per_token * ((ctx if w is None else min(ctx, w)) + 1) for w in windows)
 
 
+def resolve_weight_format(name: str, counts: ParamCounts) -> str:
+    """`name`, or for engine-int4 (the engine's automatic group) the format of the group it
+    picks for the model whose linears `counts` holds."""
+    if name not in ("engine-int4", "engine-int4-fp8head"):
+        return name
+    group = engine_int4_group({i for _, i in counts.linear_shapes})
+    return name if group is None else name.replace("int4", f"int4-g{group}", 1)
+
+
+def engine_kv_format(kv: str, dtype_format: str = "bf16") -> str:
+    """The KV format of floorline's engine with a `kv` cache (bf16: its 16-bit dtype, named by
+    `dtype_format`; fp8)."""
+    return "engine-fp8" if kv == "fp8" else dtype_format
+
+
 def floor(model_spec: ModelSpec, gpu: DeviceSpec, ctx: int, weight_format: str = "bf16",
           kv_dtype: str = "bf16") -> Floor:
     if weight_format not in WEIGHT_FORMATS:
@@ -260,8 +300,9 @@ def floor(model_spec: ModelSpec, gpu: DeviceSpec, ctx: int, weight_format: str =
                              f"{', '.join(WEIGHT_FORMATS)}")
     if kv_dtype not in KV_FORMATS:
         raise FloorlineError(f"unknown KV dtype '{kv_dtype}'; known: {', '.join(KV_FORMATS)}")
-    fmt = WEIGHT_FORMATS[weight_format]
     counts = count_parameters(model_spec)
+    weight_format = resolve_weight_format(weight_format, counts)
+    fmt = WEIGHT_FORMATS[weight_format]
     w = weight_bytes(counts, fmt)
     kv = kv_bytes(model_spec.config, ctx, kv_dtype)
     # The study's convention: every parameter (the whole input table too) plus the KV cache.

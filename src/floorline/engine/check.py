@@ -23,7 +23,7 @@ import torch
 from floorline.engine.model import DecoderConfig
 from floorline.engine.quant import quantize
 from floorline.engine.runtime import Engine
-from floorline.engine.weights import from_named
+from floorline.engine.weights import from_named, int4_group
 from floorline.models import build_model, cache_keyword
 
 
@@ -85,7 +85,7 @@ def perturb_(hf_model, seed: int) -> None:
             p.add_(0.1 * noise)
 
 
-def quantise_in_place(hf, reference, weights: str, head: str, group_size: int) -> dict:
+def quantise_in_place(hf, reference, weights: str, head: str, group_size: int | None) -> dict:
     """Each decoder linear (and the LM head, for an fp8 head) quantised once; transformers'
     model and its float32 reference get the dequantised matrices. Returns {prefix: weight}."""
     made = {}
@@ -111,7 +111,7 @@ HF_CHUNK = 2048  # prompt tokens per transformers forward in the comparison
 def compare_with_transformers(model_spec, device: str, dtype: torch.dtype, *, prompt_len: int = 16,
                               steps: int = 64, seed: int = 0, backend: str | None = None,
                               graph: bool | None = None, weights: str = "bf16",
-                              head: str = "bf16", group_size: int = 128) -> Comparison:
+                              head: str = "bf16", group_size: int | None = None) -> Comparison:
     from transformers import DynamicCache
 
     device = str(device)
@@ -124,9 +124,11 @@ def compare_with_transformers(model_spec, device: str, dtype: torch.dtype, *, pr
                          "stays 16-bit)")
     original = copy.deepcopy(hf) if quantised else None
     reference = copy.deepcopy(hf).float() if dtype != torch.float32 else None
+    config = DecoderConfig.from_hf(model_spec.config)
+    if weights == "int4":  # None: the engine's own choice
+        group_size = int4_group(config, group_size)
     made = quantise_in_place(hf, reference, weights, head, group_size)
     params = dict(hf.named_parameters())
-    config = DecoderConfig.from_hf(model_spec.config)
     decoder_weights = from_named(config, params.__getitem__, device, dtype,
                                  linear=made.__getitem__ if weights != "bf16" else None)
     if head != "bf16":

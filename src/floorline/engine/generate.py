@@ -175,13 +175,14 @@ def eos_ids(directory: Path, config, tokenizer) -> set[int]:
 def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
              temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, device: str = "cpu",
              dtype: str = "bfloat16", chat: bool = True, weights: str | None = None,
-             head: str = "bf16", kv: str = "bf16",
+             head: str = "bf16", kv: str = "bf16", group_size: int | None = None,
              on_text: Callable[[str], None] | None = None) -> GenerationResult:
     """Up to `max_new_tokens` new tokens from the checkpoint directory `model`, stopping at EOS;
     `on_text` receives the decoded text piece by piece as it comes. `weights` (int4, fp8, bf16;
     None: the checkpoint's own format), `head` (bf16, fp8) and `kv` (the KV cache: bf16, the
     16-bit dtype, or fp8) choose the engine's formats; a 16-bit checkpoint is quantised at
-    load."""
+    load, int4 in groups of `group_size` (32, 64, 128; None: a packed checkpoint's own, else
+    the largest that divides every matrix width)."""
     if dtype not in DTYPES:
         raise FloorlineError(f"dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
     check_format(kv)
@@ -214,8 +215,9 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
     if cuda and torch.device(device).index is not None:
         torch.cuda.set_device(device)  # the kernels, the graph and the events use the current GPU
     engine = Engine(model_spec, device, capacity, dtype=DTYPES[dtype][0], sampler=sampler,
-                    weights=weights, head=head, kv=kv)
-    weight_format = engine_weight_format(engine.weights, engine.head, DTYPES[dtype][1])
+                    weights=weights, head=head, kv=kv, group_size=group_size)
+    weight_format = engine_weight_format(engine.weights, engine.head, DTYPES[dtype][1],
+                                         engine.group_size)
     kv_format = engine_kv_format(kv, DTYPES[dtype][1])
     stream = TextStream(tokenizer, on_text)
 

@@ -7,9 +7,9 @@ import torch
 from floorline.engine.kvcache import check_format
 from floorline.engine.model import Decoder, DecoderConfig, EngineUnsupported
 from floorline.engine.ops import ReferenceOps, TritonOps
-from floorline.engine.quant import FORMATS, HEAD_FORMATS, format_of
+from floorline.engine.quant import FORMATS, HEAD_FORMATS, Int4Weight, format_of
 from floorline.engine.sampling import Sampler
-from floorline.engine.weights import load_checkpoint, random_weights
+from floorline.engine.weights import int4_group, load_checkpoint, random_weights
 from floorline.errors import FloorlineError
 from floorline.models.zoo import quantisation_config
 
@@ -19,16 +19,18 @@ class Engine:
 
     backend: "triton" (the kernels; the default on CUDA) or "reference" (PyTorch; the default on
     the CPU). On CUDA, capture() records one step in a CUDA graph and step() replays it.
-    weights: the decoder linears' format, "bf16" (the 16-bit `dtype`), "int4" (group
-    `group_size`) or "fp8"; None runs a checkpoint in its own format (16-bit for random
-    weights). head: the LM head's, "bf16" (16-bit) or "fp8". kv: the KV cache's, "bf16" (the
-    16-bit `dtype`) or "fp8" (e4m3, a scale per token and head). `decoder_weights` skips loading.
+    weights: the decoder linears' format, "bf16" (the 16-bit `dtype`), "int4" or "fp8"; None
+    runs a checkpoint in its own format (16-bit for random weights). group_size: int4's group
+    along K, 128, 64 or 32; None takes a packed checkpoint's own, or else the largest that
+    divides every matrix width (`self.group_size` is the one that runs, None if not int4).
+    head: the LM head's, "bf16" (16-bit) or "fp8". kv: the KV cache's, "bf16" (the 16-bit
+    `dtype`) or "fp8" (e4m3, a scale per token and head). `decoder_weights` skips loading.
     """
 
     def __init__(self, model_spec, device: str, capacity: int, *, seed: int = 0,
                  dtype: torch.dtype = torch.bfloat16, backend: str | None = None,
                  sampler: Sampler | None = None, weights: str | None = None,
-                 head: str = "bf16", kv: str = "bf16", group_size: int = 128,
+                 head: str = "bf16", kv: str = "bf16", group_size: int | None = None,
                  decoder_weights=None):
         if weights is not None and weights not in FORMATS:
             raise FloorlineError(f"engine weights must be one of {', '.join(FORMATS)}, not "
@@ -38,13 +40,14 @@ class Engine:
                                  f"'{head}'")
         check_format(kv)
         self.config = DecoderConfig.from_hf(model_spec.config)
-        if weights == "int4":
-            c = self.config
-            widths = {c.hidden, c.heads * c.head_dim, c.intermediate}
-            if any(k % group_size for k in widths):
-                raise EngineUnsupported(f"int4 group {group_size} needs every matrix width "
-                                        f"({', '.join(map(str, sorted(widths)))}) to be a "
-                                        "multiple of it")
+        quantization = (quantisation_config(model_spec.config) if model_spec.has_real_weights
+                        else None)
+        if weights == "int4" and quantization is None and decoder_weights is None:
+            # quantised here (a packed checkpoint keeps its own group): refused before loading
+            try:
+                group_size = int4_group(self.config, group_size)
+            except ValueError as e:
+                raise EngineUnsupported(str(e)) from None
         self.device = torch.device(device)
         backend = backend or ("triton" if self.device.type == "cuda" else "reference")
         if backend not in ("triton", "reference"):
@@ -53,8 +56,7 @@ class Engine:
         formats = dict(head=head, group_size=group_size)
         if decoder_weights is None and model_spec.has_real_weights:
             decoder_weights = load_checkpoint(model_spec.weights_dir, self.config, self.device,
-                                              dtype, weights=weights,
-                                              quantization=quantisation_config(model_spec.config),
+                                              dtype, weights=weights, quantization=quantization,
                                               **formats)
         elif decoder_weights is None:
             decoder_weights = random_weights(self.config, self.device, dtype, seed,
@@ -62,7 +64,9 @@ class Engine:
         self.sampler = sampler or Sampler()
         self.decoder = Decoder(self.config, decoder_weights, capacity, ops, self.sampler, kv)
         self.kv = kv
-        self.weights = format_of(decoder_weights.layers[0].wdown)  # the formats that run
+        wdown = decoder_weights.layers[0].wdown
+        self.weights = format_of(wdown)  # the formats that run
+        self.group_size = wdown.group_size if isinstance(wdown, Int4Weight) else None
         self.head = format_of(decoder_weights.head)
         self.graph = None
         self.filled = 0  # tokens in the cache, kept on the host too: a step past the end is refused

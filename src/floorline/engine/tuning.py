@@ -36,11 +36,12 @@ SHIPPED = Path(__file__).parent / "tuned"
 SHAPES = [(1, 2048, 4), (2, 1024, 4), (2, 2048, 8), (4, 512, 4), (4, 1024, 4), (4, 1024, 8),
           (8, 256, 4), (8, 512, 4), (8, 512, 8), (16, 256, 4), (16, 512, 8)]
 SPLITS = [(4, 512, 4, 2), (8, 256, 4, 2), (4, 512, 4, 4), (8, 256, 4, 4), (2, 1024, 4, 4)]
-# int4: (block_n, groups per iteration, warps, words per thread); threads spread over a tile's
-# groups x (16 / words) positions (group 128), so these fill a program's threads without
+# int4: (block_n, groups of 128 per iteration, warps, words per thread); threads spread over a
+# tile's groups x (16 / words) positions (group 128), so these fill a program's threads without
 # spreading over rows. Tiles that Triton 3.6 lays out without shared-memory shuffles in the loop
 # (read from the compiled code with its registers and spills: bench/engine_int4_sass.py); then
-# splits as above.
+# splits as above. A group of 64 or 32 takes two or four times the groups, the same K: as many
+# (group, position) pairs to spread threads over, for words per thread up to its positions.
 INT4_SHAPES = [(8, 4, 1, 2), (16, 4, 1, 2), (8, 8, 1, 4), (8, 8, 2, 2), (16, 8, 2, 2),
                (16, 8, 1, 4)]
 INT4_SPLITS = [(8, 4, 1, 2, 2), (16, 4, 1, 2, 2), (8, 4, 1, 2, 4), (16, 4, 1, 2, 4),
@@ -52,8 +53,8 @@ def candidates(k: int, group: int | None = None) -> list[GemvConfig]:
     int4 weight's group size (None for 16-bit and fp8)."""
     if group is not None:
         most = triton.next_power_of_2(max(1, k // group))
-        positions = group // 8
-        configs = [GemvConfig(bn, min(g, most) * group, w, s, words=min(v, positions))
+        positions, per_128 = group // 8, max(1, 128 // group)
+        configs = [GemvConfig(bn, min(g * per_128, most) * group, w, s, words=min(v, positions))
                    for bn, g, w, v, s in [(*shape, 1) for shape in INT4_SHAPES] + INT4_SPLITS]
         return list(dict.fromkeys(c for c in configs if c.fits(k)))
     widest = max(16, triton.next_power_of_2(k))

@@ -25,6 +25,7 @@ import torch
 from floorline.engine import quant
 from floorline.errors import FloorlineError, one_line
 from floorline.layouts import awq
+from floorline.traffic import ENGINE_INT4_GROUPS, engine_int4_group
 
 
 @dataclass
@@ -95,15 +96,53 @@ def expected_shapes(config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def int4_group(config, group_size: int | None = None) -> int:
+    """The int4 group of `config`'s matrices (a DecoderConfig): `group_size`, or where None the
+    largest of 128, 64 and 32 that divides every matrix width (hidden, heads x head_dim,
+    intermediate). ValueError, one line naming the widths, where there is none or it does not
+    divide them."""
+    c = config
+    widths = sorted({c.hidden, c.heads * c.head_dim, c.intermediate})
+    listed = ", ".join(map(str, widths))
+    if group_size is None:
+        group = engine_int4_group(widths)
+        if group is None:
+            raise ValueError(f"int4 needs matrix widths ({listed}) that are multiples of 32 "
+                             "(its groups are 128, 64 or 32 along K)")
+        return group
+    if group_size not in ENGINE_INT4_GROUPS:
+        raise ValueError(f"int4 group size {group_size}: the engine's are "
+                         f"{', '.join(map(str, ENGINE_INT4_GROUPS))}")
+    if any(k % group_size for k in widths):
+        raise ValueError(f"int4 group {group_size} needs every matrix width ({listed}) to be a "
+                         "multiple of it")
+    return group_size
+
+
+def _group(config, weights: str, group_size: int | None, source: str) -> int | None:
+    """The int4 group to run `weights` at (int4_group; None for another format), or one line
+    naming `source` where there is none."""
+    if weights != "int4":
+        if group_size is not None:
+            raise FloorlineError(f"{source}: a group size is for int4 weights, not {weights}")
+        return None
+    try:
+        return int4_group(config, group_size)
+    except ValueError as e:
+        raise FloorlineError(f"{source}: {e}") from None
+
+
 def from_named(config, get: Callable[[str], torch.Tensor], device, dtype, *,
-               weights: str = "bf16", head: str = "bf16", group_size: int = 128,
+               weights: str = "bf16", head: str = "bf16", group_size: int | None = None,
                linear: Callable[[str], object] | None = None,
                source: str = "the weights") -> DecoderWeights:
     """Weights from Hugging Face parameter names; `get(name)` returns the tensor. The decoder's
     linears are quantised to `weights` and the LM head to `head` (16-bit: `dtype` as it is);
-    `linear(prefix)`, where given, returns a linear already in its format (a packed
-    checkpoint's). A tensor whose shape is not the config's is refused, naming `source`."""
+    int4 in groups of `group_size` (None: int4_group's choice). `linear(prefix)`, where given,
+    returns a linear already in its format (a packed checkpoint's). A tensor whose shape is not
+    the config's is refused, naming `source`."""
     shapes = expected_shapes(config)
+    group_size = _group(config, weights, group_size, source)
 
     def check(name, value):
         if tuple(value.shape) != shapes[name]:
@@ -157,34 +196,36 @@ def from_named(config, get: Callable[[str], torch.Tensor], device, dtype, *,
                           layers)
 
 
-def checkpoint_format(qc: dict | None, name: str) -> str:
-    """How a checkpoint stores its linears, from its quantization_config: "bf16" (16-bit),
-    "awq" (AutoAWQ GEMM, 4 bits, group 128, zero points), "gptq" (v1, 4 bits, group 128,
-    act-order off) or "fp8" (float8 e4m3 with per-row or per-tensor scales, checked per
-    linear); anything else is refused in one line."""
+def checkpoint_format(qc: dict | None, name: str) -> tuple[str, int | None]:
+    """How a checkpoint stores its linears, from its quantization_config, and the group size of
+    an int4 one: "bf16" (16-bit), "awq" (AutoAWQ GEMM, 4 bits, zero points), "gptq" (v1,
+    4 bits, act-order off), each in groups of 32, 64 or 128, or "fp8" (float8 e4m3 with
+    per-row or per-tensor scales, checked per linear); anything else is refused in one line."""
     if qc is None:
-        return "bf16"
+        return "bf16", None
     method = qc.get("quant_method")
     if method == "awq":
         bits, group = qc.get("bits", qc.get("w_bit")), qc.get("group_size", qc.get("q_group_size"))
         if (qc.get("version", "gemm").lower() != "gemm" or not qc.get("zero_point", True)
-                or bits != 4 or group != 128):
+                or bits != 4 or group not in ENGINE_INT4_GROUPS):
             raise FloorlineError(f"{name}: the engine runs AutoAWQ GEMM checkpoints of 4 bits, "
-                                 f"group 128, with zero points (quantization_config: {qc})")
-        return "awq"
+                                 "groups of 32, 64 or 128, with zero points (quantization_config: "
+                                 f"{qc})")
+        return "awq", group
     if method == "gptq":
-        if qc.get("bits") != 4 or qc.get("group_size") != 128:
-            raise FloorlineError(f"{name}: the engine runs GPTQ checkpoints of 4 bits, group 128 "
-                                 f"(quantization_config: {qc})")
+        group = qc.get("group_size")
+        if qc.get("bits") != 4 or group not in ENGINE_INT4_GROUPS:
+            raise FloorlineError(f"{name}: the engine runs GPTQ checkpoints of 4 bits, groups "
+                                 f"of 32, 64 or 128 (quantization_config: {qc})")
         if qc.get("desc_act") or qc.get("act_order"):
             raise FloorlineError(f"{name}: GPTQ with act-order (desc_act) reorders the input "
                                  "rows, which the engine does not run")
         if qc.get("checkpoint_format", "gptq") != "gptq":
             raise FloorlineError(f"{name}: GPTQ checkpoint format "
                                  f"'{qc.get('checkpoint_format')}' (the engine reads v1, 'gptq')")
-        return "gptq"
+        return "gptq", group
     if method in ("fp8", "fbgemm_fp8", "compressed-tensors"):
-        return "fp8"
+        return "fp8", None
     raise FloorlineError(f"{name}: quantization method '{method}' is not one the engine runs "
                          "(AWQ, GPTQ, fp8 with per-row scales)")
 
@@ -226,10 +267,11 @@ def _packed_linear(stored: str, get, has, directory, device, group_size):
 
 def load_checkpoint(directory: Path, config, device, dtype, *, weights: str | None = None,
                     head: str = "bf16", quantization: dict | None = None,
-                    group_size: int = 128) -> DecoderWeights:
+                    group_size: int | None = None) -> DecoderWeights:
     """A checkpoint directory's safetensors shards, each tensor read onto `device` as needed.
     `weights` is the format to run (None: the checkpoint's own); a 16-bit checkpoint is
-    quantised to it at load, a quantised one must already be in it."""
+    quantised to it at load (int4 in groups of `group_size`, None: int4_group's choice), a
+    quantised one must already be in it (an int4 one at its own group size)."""
     from safetensors import safe_open
 
     files = sorted(Path(directory).glob("*.safetensors"))
@@ -265,25 +307,33 @@ def load_checkpoint(directory: Path, config, device, dtype, *, weights: str | No
             raise FloorlineError(f"{directory}: tensor '{stored}' cannot be read "
                                  f"({one_line(e)})") from None
 
-    stored = checkpoint_format(quantization, str(directory))
+    stored, stored_group = checkpoint_format(quantization, str(directory))
     own = ENGINE_FORMAT[stored]
     weights = weights or own
     if own != "bf16" and weights != own:
         raise FloorlineError(f"{directory} is a {stored} checkpoint of {own} weights; run it as "
                              f"{own}, not {weights}")
+    if stored_group is not None:
+        if group_size not in (None, stored_group):
+            raise FloorlineError(f"{directory} is a {stored} checkpoint of int4 group "
+                                 f"{stored_group}; run it at group {stored_group}, not "
+                                 f"{group_size}")
+        group_size = stored_group
     def has(name):
         return prefix + name.removeprefix("model.") in where
 
-    linear = _packed_linear(stored, get, has, directory, device, group_size)
+    linear = _packed_linear(stored, get, has, directory, device, stored_group)
     return from_named(config, get, device, dtype, weights=weights, head=head,
                       group_size=group_size, linear=linear, source=str(directory))
 
 
 def random_weights(config, device, dtype, seed: int, *, weights: str = "bf16",
-                   head: str = "bf16", group_size: int = 128) -> DecoderWeights:
+                   head: str = "bf16", group_size: int | None = None) -> DecoderWeights:
     """Seeded normal(0, initializer_range) matrices and biases, norms near one, drawn on the
     device (a 7B model in seconds on a GPU); int4 matrices are drawn in AWQ's layout with the
-    same spread and repacked, fp8 ones quantised from 16-bit draws."""
+    same spread and repacked (in groups of `group_size`, None: int4_group's choice), fp8 ones
+    quantised from 16-bit draws."""
+    group_size = _group(config, weights, group_size, "random weights")
     generator = torch.Generator(device=device).manual_seed(seed)
     c = config
 

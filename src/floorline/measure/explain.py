@@ -134,7 +134,7 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     path_spec, model_spec = parse_path(path), resolve_model(model_name)
     runtime = REGISTRY[path_spec.base]
     f = floor(model_spec, gpu, ctx, runtime.weight_format, runtime.kv_dtype)
-    fmt = WEIGHT_FORMATS[runtime.weight_format]
+    fmt = WEIGHT_FORMATS[f.weight_format]  # engine-int4 resolved to the model's group
     *linears, head = count_parameters(model_spec).matrix_shapes
     matrix_bytes = sum(fmt.linear_bytes(o, i) for o, i in linears) + fmt.head_bytes(*head)
     activities = [ProfilerActivity.CPU]
