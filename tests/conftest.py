@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,12 @@ import torch
 # kernel is defined, so it is set before any test module imports one.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# A cache of the suite's own, so that what the user has fetched or tuned does not change what a
+# test sees (a fetched model changes the CPU demo's grid); tests/test_real_model.py keeps the
+# trained model in the user's cache, across runs, and points at it where it needs it.
+USER_CACHE = os.environ.get("FLOORLINE_CACHE", "~/.cache/floorline")
+os.environ["FLOORLINE_CACHE"] = tempfile.mkdtemp(prefix="floorline-tests-")
 
 CONFIGS = Path(__file__).parents[1] / "src" / "floorline" / "models" / "configs"
 

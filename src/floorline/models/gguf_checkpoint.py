@@ -1,0 +1,185 @@
+"""A Llama-architecture GGUF file -> a Hugging Face checkpoint directory that every path loads:
+config.json from the GGUF's `llama.*` metadata, the tensors dequantised to float32 into
+model.safetensors, the tokenizer and chat template from its `tokenizer.*` metadata, and
+floorline-source.json saying where the weights came from.
+
+The tensors are read and dequantised by gguf-py (the `gguf` package, llama.cpp's own reader).
+llama.cpp's converter stores the q and k projections with the rows of each head permuted for its
+rotary layout (pairs (2i, 2i + 1) rather than halves (i, i + d/2)); they are permuted back here,
+as transformers' own GGUF loader does. The tokenizer is built by transformers from the same
+metadata (its GGUF tokenizer converter), so that its byte-level BPE matches the library's.
+
+A quantised GGUF's weights are stored as the float32 values its blocks stand for (exact: a
+Q4_0/Q4_1/Q8_0 weight is an fp16 scale times a small integer, plus an fp16 minimum for Q4_1):
+the directory is the quantised model, in float32, not the model it was quantised from.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from floorline.errors import FloorlineError, one_line
+
+SOURCE_FILE = "floorline-source.json"
+
+# GGUF tensor names of one layer -> Hugging Face's
+LAYER_TENSORS = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face parameter name of a GGUF tensor, None for one the model does not use
+    (llama.cpp's precomputed rotary factors)."""
+    if gguf_name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if gguf_name == "output_norm.weight":
+        return "model.norm.weight"
+    if gguf_name == "output.weight":
+        return "lm_head.weight"
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in LAYER_TENSORS:
+        return f"model.layers.{parts[1]}.{LAYER_TENSORS[parts[2]]}.{parts[3]}"
+    return None
+
+
+def unpermute_rotary(w, heads: int):
+    """The inverse of llama.cpp's q/k permutation: rows of each head from interleaved pairs
+    back to rotate-half order (numpy [heads * head_dim, hidden])."""
+    half = w.shape[0] // heads // 2
+    return w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _field(reader, key: str, where: Path, required: bool = True):
+    field = reader.fields.get(key)
+    if field is None:
+        if required:
+            raise FloorlineError(f"{where}: no '{key}' in its metadata")
+        return None
+    return field.contents()
+
+
+def config_from_metadata(reader, where: Path) -> dict:
+    """config.json for a `llama` GGUF's metadata (`where`: the file, for messages)."""
+    arch = _field(reader, "general.architecture", where)
+    if arch != "llama":
+        raise FloorlineError(f"{where}: architecture '{arch}' (floorline converts "
+                             "Llama-architecture GGUF files)")
+
+    def get(key, required=True):
+        return _field(reader, f"llama.{key}", where, required)
+
+    heads = int(get("attention.head_count"))
+    hidden = int(get("embedding_length"))
+    names = {t.name for t in reader.tensors}
+    vocab = get("vocab_size", False)
+    if vocab is None:
+        tokens = reader.fields.get("tokenizer.ggml.tokens")
+        vocab = len(tokens.data) if tokens is not None else None
+    if vocab is None:
+        raise FloorlineError(f"{where}: neither llama.vocab_size nor a token list")
+    head_dim = get("attention.key_length", False) or get("rope.dimension_count", False)
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": hidden, "intermediate_size": int(get("feed_forward_length")),
+        "num_hidden_layers": int(get("block_count")), "num_attention_heads": heads,
+        "num_key_value_heads": int(get("attention.head_count_kv", False) or heads),
+        "head_dim": int(head_dim or hidden // heads),
+        "max_position_embeddings": int(get("context_length")),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(get("rope.freq_base", False) or 10000.0),
+        "vocab_size": int(vocab), "hidden_act": "silu",
+        "tie_word_embeddings": "output.weight" not in names,
+        "attention_bias": False, "mlp_bias": False, "dtype": "float32",
+    }
+    for key, gguf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                          ("pad_token_id", "padding_token_id")):
+        value = _field(reader, f"tokenizer.ggml.{gguf_key}", where, False)
+        if value is not None:
+            config[key] = int(value)
+    return config
+
+
+def _open(gguf_path: Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(gguf_path))
+    except Exception as e:  # ValueError for a bad magic, struct errors for a cut-short file
+        raise FloorlineError(f"{gguf_path} is not a readable GGUF file "
+                             f"({type(e).__name__}: {one_line(e)})") from None
+
+
+def convert(gguf_path: Path, directory: Path,
+            progress: Callable[[int, int], None] | None = None, source: dict | None = None):
+    """Write the checkpoint of `gguf_path` into `directory` (made anew: any files there are
+    replaced). `progress(done, total)` is called per tensor; `source` is recorded beside."""
+    import numpy as np
+    import torch
+    from gguf.quants import dequantize
+    from safetensors.torch import save_file
+
+    reader = _open(gguf_path)
+    config = config_from_metadata(reader, gguf_path)
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    tensors, types = {}, Counter()
+    for done, t in enumerate(reader.tensors, 1):
+        name = hf_name(t.name)
+        if name is None:
+            continue
+        try:
+            w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        except NotImplementedError:
+            raise FloorlineError(f"{gguf_path}: tensor '{t.name}' is of type "
+                                 f"{t.tensor_type.name}, which gguf-py cannot "
+                                 "dequantise") from None
+        w = w.reshape(tuple(int(d) for d in reversed(t.shape)))  # ggml lists dims inner first
+        if name.endswith("q_proj.weight"):
+            w = unpermute_rotary(w, heads)
+        elif name.endswith("k_proj.weight"):
+            w = unpermute_rotary(w, kv_heads)
+        tensors[name] = torch.from_numpy(np.array(w, dtype=np.float32))  # a writable copy
+        types[t.tensor_type.name] += 1
+        if progress is not None:
+            progress(done, len(reader.tensors))
+    _check_complete(tensors, config, gguf_path)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    _save_tokenizer(gguf_path, directory)
+    record = {**(source or {}), "gguf_file": gguf_path.name, "tensor_types": dict(types),
+              "weights": "the GGUF's values as its blocks store them (dequantised), in float32",
+              "name": _field(reader, "general.name", gguf_path, False)}
+    (directory / SOURCE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def _check_complete(tensors: dict, config: dict, gguf_path: Path) -> None:
+    needed = ["model.embed_tokens.weight", "model.norm.weight"]
+    if not config["tie_word_embeddings"]:
+        needed.append("lm_head.weight")
+    needed += [f"model.layers.{i}.{part}.weight" for i in range(config["num_hidden_layers"])
+               for part in LAYER_TENSORS.values()]
+    missing = [n for n in needed if n not in tensors]
+    if missing:
+        raise FloorlineError(f"{gguf_path}: {len(missing)} tensors of a Llama model are missing "
+                             f"(the first: '{missing[0]}')")
+
+
+def _save_tokenizer(gguf_path: Path, directory: Path) -> None:
+    """tokenizer.json and tokenizer_config.json (with the chat template), built by transformers
+    from the GGUF's metadata."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    except Exception as e:  # the converter raises many kinds for metadata it cannot use
+        raise FloorlineError(f"{gguf_path}: transformers cannot build a tokenizer from its "
+                             f"metadata ({type(e).__name__}: {one_line(e)})") from None
+    tokenizer.save_pretrained(directory)
