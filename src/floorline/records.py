@@ -66,3 +66,42 @@ class CellResult:
         if self.summary is None or self.floor is None:
             return None
         return self.floor["total_bytes"] / (self.summary["median_ms"] * 1e6)
+
+
+@dataclass(frozen=True)
+class QualityKey:
+    """What a quality measurement is of: a model and a base path (its formats: +compile and
+    +graphs run the same arithmetic), on the evaluation text (its SHA-256) cut to its first
+    `tokens` tokens in windows of `window`."""
+    model: str
+    path: str
+    text: str
+    tokens: int
+    window: int
+
+
+# The figures of a quality measurement (QualityResult.summary), each a column of its row:
+# perplexity with its 95% interval, the float32 reference's on the same windows, the relative
+# increase over it with a paired interval, mean KL(reference || path) per position with its
+# interval, and greedy agreement over the prompt set.
+QUALITY_FIGURES = ("ppl", "ppl_low", "ppl_high", "reference_ppl", "ppl_increase",
+                   "ppl_increase_low", "ppl_increase_high", "kl", "kl_low", "kl_high", "prompts",
+                   "prompts_agreeing", "mean_first_divergence", "near_tie_divergences")
+
+
+@dataclass
+class QualityResult:
+    key: QualityKey
+    gpu: str
+    status: str
+    reason: str | None = None
+    summary: dict | None = None  # QUALITY_FIGURES
+    greedy: list[dict] = field(default_factory=list)  # one entry per prompt
+    details: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> QualityResult:
+        return cls(**{**data, "key": QualityKey(**data["key"])})

@@ -1,4 +1,5 @@
-"""The results database: one SQLite row per measured cell, committed as each cell ends.
+"""The results database: one SQLite row per measured cell, committed as each cell ends, and
+one per quality measurement of a model and path (the quality table).
 
 WAL journalling and a long busy timeout let several sweeps write one file at once; a cell is
 one INSERT in its own transaction, so a run killed at any point keeps every finished cell.
@@ -14,19 +15,43 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from floorline.errors import FloorlineError
-from floorline.records import VALID, CellKey, CellResult
+from floorline.records import (
+    QUALITY_FIGURES,
+    VALID,
+    CellKey,
+    CellResult,
+    QualityKey,
+    QualityResult,
+)
 
-SCHEMA_VERSION = 2  # 2: A/B experiments, card probes, explanations
+SCHEMA_VERSION = 3  # 2: A/B experiments, card probes, explanations; 3: quality
 
 
 def column(sql: str, json_kind: type | None = None, **default):
-    """A field of CellRow that is a column of the cells table: its SQL type and constraints,
-    and for a JSON column the kind of value it holds."""
+    """A field of a row class (CellRow, QualityRow) that is a column of its table: its SQL type
+    and constraints, and for a JSON column the kind of value it holds."""
     return field(metadata={"sql": sql, "json": json_kind}, **default)
 
 
+class StoredRow:
+    """A row class whose fields, in order, are its table's columns, the id first."""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def stored(self) -> dict:
+        """The row's values as the database holds them, JSON columns encoded (without its id,
+        which the database assigns)."""
+        out = {}
+        for c in fields(self)[1:]:
+            value = getattr(self, c.name)
+            out[c.name] = (json.dumps(value, sort_keys=c.metadata["json"] is dict)
+                           if c.metadata["json"] else value)
+        return out
+
+
 @dataclass(kw_only=True)
-class CellRow:
+class CellRow(StoredRow):
     """One row of the cells table: a measured cell, its floor and the environment that measured
     it. Its fields, in order, are the table's columns (the schema and every insert come from
     them)."""
@@ -78,34 +103,76 @@ class CellRow:
             samples_ms=cell.samples_ms, fingerprint_key=env_key, fingerprint=env,
             details=cell.details, finished_at=now())
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
     def fraction_of_measured(self, probes: dict[str, dict]) -> float | None:
         """The fraction of the floor reached at the streaming-read bandwidth of the newest probe
         of this row's environment (`probes`: Store.probes()); None where there is none."""
         read = probes.get(self.fingerprint_key, {}).get("stream_read_gbps")
         return self.total_bytes / (read * 1e6) / self.median_ms if read and self.median_ms else None
 
-    def stored(self) -> dict:
-        """The row's values as the database holds them, JSON columns encoded (without its id,
-        which the database assigns)."""
-        out = {}
-        for c in CELL_FIELDS[1:]:
-            value = getattr(self, c.name)
-            out[c.name] = (json.dumps(value, sort_keys=c.metadata["json"] is dict)
-                           if c.metadata["json"] else value)
-        return out
+
+@dataclass(kw_only=True)
+class QualityRow(StoredRow):
+    """One row of the quality table: what a path's formats cost in quality on one model with
+    real weights, against transformers' own model of the same weights in float32
+    (measure/quality.py); an invalid row holds no figures and says why ("not measured: random
+    weights", a path that gives no logits, a process that died)."""
+    id: int | None = column("INTEGER PRIMARY KEY")  # None until stored
+    model: str = column("TEXT NOT NULL")
+    path: str = column("TEXT NOT NULL")  # a base path: +compile and +graphs change no arithmetic
+    gpu: str = column("TEXT NOT NULL")
+    text_sha256: str = column("TEXT NOT NULL")  # the evaluation text's (measure/texts.py)
+    tokens: int = column("INTEGER NOT NULL")  # of the text, scored in windows of `window`
+    window: int = column("INTEGER NOT NULL")
+    status: str = column("TEXT NOT NULL")
+    reason: str | None = column("TEXT", default=None)
+    ppl: float | None = column("REAL", default=None)  # the path's perplexity, 95% interval
+    ppl_low: float | None = column("REAL", default=None)
+    ppl_high: float | None = column("REAL", default=None)
+    reference_ppl: float | None = column("REAL", default=None)  # float32's on the same windows
+    ppl_increase: float | None = column("REAL", default=None)  # ppl / reference_ppl - 1
+    ppl_increase_low: float | None = column("REAL", default=None)
+    ppl_increase_high: float | None = column("REAL", default=None)
+    kl: float | None = column("REAL", default=None)  # mean KL(reference || path), nats/position
+    kl_low: float | None = column("REAL", default=None)
+    kl_high: float | None = column("REAL", default=None)
+    prompts: int | None = column("INTEGER", default=None)  # greedy agreement over the prompts
+    prompts_agreeing: int | None = column("INTEGER", default=None)
+    mean_first_divergence: float | None = column("REAL", default=None)
+    near_tie_divergences: int | None = column("INTEGER", default=None)
+    # per prompt: first divergence, the reference's top-2 margin there, the two tokens
+    greedy: list[dict] = column("TEXT NOT NULL", list, default_factory=list)
+    fingerprint_key: str = column("TEXT NOT NULL")
+    fingerprint: dict = column("TEXT NOT NULL", dict, default_factory=dict)
+    # device, seed, formats, the text's token count, per-window figures, timings
+    details: dict = column("TEXT NOT NULL", dict, default_factory=dict)
+    finished_at: str = column("TEXT NOT NULL")
+
+    @classmethod
+    def of(cls, result: QualityResult, env: dict, env_key: str) -> QualityRow:
+        k, s = result.key, result.summary or {}
+        return cls(id=None, model=k.model, path=k.path, gpu=result.gpu, text_sha256=k.text,
+                   tokens=k.tokens, window=k.window, status=result.status, reason=result.reason,
+                   **{name: s.get(name) for name in QUALITY_FIGURES}, greedy=result.greedy,
+                   fingerprint_key=env_key, fingerprint=env, details=result.details,
+                   finished_at=now())
 
 
 CELL_FIELDS = fields(CellRow)
 COLUMNS = tuple(c.name for c in CELL_FIELDS)
-# The cells' numeric columns (SQLite would store any value in them); steps and warmup may also
-# hold the automatic rule ("auto:<relative width>", "auto").
-NUMBERS = tuple(c.name for c in CELL_FIELDS[1:]
-                if c.metadata["sql"].startswith(("INTEGER", "REAL")))
-# The JSON columns, with the kind each holds.
-CELL_JSON = {c.name: c.metadata["json"] for c in CELL_FIELDS if c.metadata["json"]}
+QUALITY_FIELDS = fields(QualityRow)
+QUALITY_COLUMNS = tuple(c.name for c in QUALITY_FIELDS)
+
+
+def numbers(row_fields) -> tuple[str, ...]:
+    """A table's numeric columns (SQLite would store any value in them)."""
+    return tuple(c.name for c in row_fields[1:]
+                 if c.metadata["sql"].startswith(("INTEGER", "REAL")))
+
+
+def json_columns(row_fields) -> dict:
+    """A table's JSON columns, with the kind each holds."""
+    return {c.name: c.metadata["json"] for c in row_fields if c.metadata["json"]}
+
 
 OTHER_TABLES = """
 CREATE INDEX IF NOT EXISTS cells_by_key ON cells (model, ctx, path, steps, warmup, fingerprint_key);
@@ -132,6 +199,8 @@ CREATE TABLE IF NOT EXISTS explanations (
     results TEXT NOT NULL,         -- JSON: decomposition and per-class times
     finished_at TEXT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS quality_by_key ON quality (model, path, gpu, text_sha256, tokens,
+                                                   window, fingerprint_key);
 CREATE TABLE IF NOT EXISTS probes (
     id INTEGER PRIMARY KEY,
     device TEXT NOT NULL, fingerprint_key TEXT NOT NULL, fingerprint TEXT NOT NULL,
@@ -140,9 +209,15 @@ CREATE TABLE IF NOT EXISTS probes (
 );
 """
 
-SCHEMA = ("CREATE TABLE IF NOT EXISTS cells (\n"
-          + ",\n".join(f"    {c.name} {c.metadata['sql']}" for c in CELL_FIELDS)
-          + "\n);" + OTHER_TABLES)
+
+
+def create_table(name: str, row_fields) -> str:
+    return (f"CREATE TABLE IF NOT EXISTS {name} (\n"
+            + ",\n".join(f"    {c.name} {c.metadata['sql']}" for c in row_fields) + "\n);")
+
+
+SCHEMA = (create_table("cells", CELL_FIELDS) + "\n" + create_table("quality", QUALITY_FIELDS)
+          + OTHER_TABLES)
 
 
 def _is_auto(value) -> bool:
@@ -198,6 +273,9 @@ class Store:
             raise ValueError(f"a cell whose floor bytes are not positive is never valid: "
                              f"{cell.floor}")
         return self._insert("cells", row.stored())
+
+    def add_quality(self, result: QualityResult, env: dict, env_key: str) -> int:
+        return self._insert("quality", QualityRow.of(result, env, env_key).stored())
 
     def _insert(self, table: str, row: dict) -> int:
         names = ", ".join(row)
@@ -271,6 +349,12 @@ class Store:
             "AND fingerprint_key=? AND status=? LIMIT 1",
             (key.model, key.ctx, key.path, key.steps, key.warmup, env_key, VALID)))
 
+    def has_valid_quality(self, key: QualityKey, gpu: str, env_key: str) -> bool:
+        return bool(self._read(
+            "SELECT 1 FROM quality WHERE model=? AND path=? AND gpu=? AND text_sha256=? AND "
+            "tokens=? AND window=? AND fingerprint_key=? AND status=? LIMIT 1",
+            (key.model, key.path, gpu, key.text, key.tokens, key.window, env_key, VALID)))
+
     def cell_count(self) -> int:
         return self._read("SELECT count(*) FROM cells")[0][0]
 
@@ -278,26 +362,54 @@ class Store:
         """Every stored cell, or only the newest row of each cell (model, ctx, path, steps,
         warmup, environment). A row whose JSON columns are damaged is one line, or with
         `skip_damaged` left out and named in `self.damaged`."""
-        where = ("WHERE id IN (SELECT MAX(id) FROM cells GROUP BY model, ctx, path, steps, "
-                 "warmup, fingerprint_key)") if latest else ""
+        return self._rows(CellRow, "cells", "model, ctx, path, steps, warmup, fingerprint_key",
+                          latest, skip_damaged)
+
+    def quality_rows(self, latest: bool = True, skip_damaged: bool = False) -> list[QualityRow]:
+        """Every stored quality measurement, or only the newest of each (model, path, gpu, text,
+        tokens, window, environment); damaged rows as rows() treats them."""
+        return self._rows(QualityRow, "quality",
+                          "model, path, gpu, text_sha256, tokens, window, fingerprint_key",
+                          latest, skip_damaged)
+
+    def _rows(self, row_class, table: str, key: str, latest: bool, skip_damaged: bool) -> list:
+        row_fields = fields(row_class)
+        names = [c.name for c in row_fields]
+        where = (f"WHERE id IN (SELECT MAX(id) FROM {table} GROUP BY {key})" if latest else "")
         out = []
-        for values in self._read(f"SELECT {', '.join(COLUMNS)} FROM cells {where} ORDER BY id"):
-            row = dict(zip(COLUMNS, values))
+        for values in self._read(f"SELECT {', '.join(names)} FROM {table} {where} ORDER BY id"):
+            row = dict(zip(names, values))
             try:
-                for k in NUMBERS:
+                for k in numbers(row_fields):  # steps and warmup may hold the automatic rule
                     if (row[k] is not None and not isinstance(row[k], (int, float))
                             and not (k in ("steps", "warmup") and _is_auto(row[k]))):
-                        raise FloorlineError(f"{self.path}: cells row {row['id']}: {k} is not a "
-                                             f"number but {row[k]!r} (a damaged row)")
-                for k, kind in CELL_JSON.items():
-                    row[k] = self._json(row[k], "cells", row["id"], k, kind)
+                        raise FloorlineError(f"{self.path}: {table} row {row['id']}: {k} is not "
+                                             f"a number but {row[k]!r} (a damaged row)")
+                for k, kind in json_columns(row_fields).items():
+                    row[k] = self._json(row[k], table, row["id"], k, kind)
             except FloorlineError as e:
                 if not skip_damaged:
                     raise
                 self.damaged.append(str(e).removeprefix(f"{self.path}: "))
                 continue
-            out.append(CellRow(**row))
+            out.append(row_class(**row))
         return out
+
+
+def base_path(path: str) -> str:
+    """A cell's path without its options (+compile, +graphs), which change no arithmetic."""
+    return path.split("+")[0]
+
+
+def quality_by_cell(cells: list[CellRow], quality: list[QualityRow]) -> dict[int, QualityRow]:
+    """Each cell's quality, by cell id: the newest row of its model, base path and gpu, a valid
+    one where there is one."""
+    best: dict[tuple, QualityRow] = {}
+    for q in quality:  # in order of id: a later row replaces an earlier one, unless invalid
+        k = (q.model, q.path, q.gpu)
+        if k not in best or q.status == VALID or best[k].status != VALID:
+            best[k] = q
+    return {c.id: best[k] for c in cells if (k := (c.model, base_path(c.path), c.gpu)) in best}
 
 
 # What makes two rows the same result, per table (every column but the row id, and for cells
@@ -308,15 +420,17 @@ IDENTITY = {
                        "started_at"],
     "explanations": ["model", "ctx", "path", "gpu", "fingerprint_key", "results", "finished_at"],
     "probes": ["device", "fingerprint_key", "results", "finished_at"],
+    "quality": [c for c in QUALITY_COLUMNS if c != "id"],
 }
 
 
 # The JSON columns a merge checks before copying a row, with the kind each holds.
 JSON_COLUMNS = {
-    "cells": CELL_JSON,
+    "cells": json_columns(CELL_FIELDS),
     "ab_experiments": {"plan": dict, "fingerprint": dict},
     "explanations": {"results": dict, "fingerprint": dict},
     "probes": {"results": dict, "fingerprint": dict},
+    "quality": json_columns(QUALITY_FIELDS),
 }
 
 

@@ -28,7 +28,8 @@ layer does, and reads only the window's last positions of it. Gemma's RMSNorm we
 (ReferenceOps, the CPU path); both take the same buffers. W is 16-bit, int4 or fp8
 (floorline.engine.quant); the kernels read it as stored. Prefill runs PyTorch on the same weights,
 chunk by chunk (bounded memory whatever the prompt's length), a quantised matrix dequantised to
-the 16-bit dtype for its product.
+the 16-bit dtype for its product; asked for the logits of every position (a quality measurement),
+it computes each chunk's with the step's head arithmetic.
 """
 
 from __future__ import annotations
@@ -337,9 +338,12 @@ class Decoder:
         if c.final_softcap is not None:
             self.logits.div_(c.final_softcap).tanh_().mul_(c.final_softcap)
 
-    def prefill(self, tokens: torch.Tensor, chunk: int = PREFILL_CHUNK) -> torch.Tensor:
+    def prefill(self, tokens: torch.Tensor, chunk: int = PREFILL_CHUNK,
+                all_logits: bool = False) -> torch.Tensor:
         """Run `tokens` (1-D) through the model from position 0, fill the cache, sample the next
-        token into `token`, set `pos`; returns the last position's logits (fp32).
+        token into `token`, set `pos`; returns the last position's logits (fp32), or with
+        `all_logits` every position's, [n, vocab] fp32 on the host (each chunk's through
+        head_logits, moved off the device as the chunk ends).
 
         The prompt goes through in chunks of `chunk` tokens, every layer for one chunk before
         the next, so that activations, products and attention scores scale with the chunk and
@@ -350,13 +354,28 @@ class Decoder:
             raise FloorlineError(f"prefill of {n} tokens into a cache of {self.capacity}")
         if chunk < 1:
             raise FloorlineError(f"prefill chunk must be at least 1 token, got {chunk}")
+        every = torch.empty(n, self.config.vocab) if all_logits else None
         for start in range(0, n, chunk):
             x = self._prefill_chunk(tokens[start:start + chunk], start, n)
+            if every is not None:
+                every[start:start + x.shape[0]] = self.head_logits(x).cpu()
         # The last position's logits by the decode step's own head product (fp32 out).
         self._logits(x[-1].contiguous())
         self.sampler(self.logits, self.token, self.argmax)
         self.pos.fill_(n)
-        return self.logits.clone()
+        return every if every is not None else self.logits.clone()
+
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The decode step's head over many positions, x [m, hidden] -> logits [m, vocab] fp32:
+        the final RMSNorm folded in and the product of the head as stored (an fp8 head with its
+        row scales) in fp32, as the step's GEMV computes it, soft-capped where the config says."""
+        c = self.config
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c.eps) * self.w.norm.float()
+        logits = x @ dense(self.w.head).T
+        if c.final_softcap is not None:
+            logits = logits.div_(c.final_softcap).tanh_().mul_(c.final_softcap)
+        return logits
 
     def _prefill_chunk(self, tokens: torch.Tensor, start: int, prompt: int) -> torch.Tensor:
         """Positions start .. start + len(tokens) - 1 of a `prompt`-token prompt through every

@@ -2,9 +2,9 @@
 
 The parent runs `python -m floorline.measure.runner JOB_JSON`, where the job names a function
 ("module:function") and its keyword arguments; the child calls it and prints its JSON-able
-result on one tagged line. A sweep's cell, an A/B session and an explanation all run this way,
-so that a native library that crashes, hangs or runs out of memory loses that one job, not the
-command: the job comes back as a failure naming the cause.
+result on one tagged line. A sweep's cell, an A/B session, an explanation and a path's quality
+measurement all run this way, so that a native library that crashes, hangs or runs out of memory
+loses that one job, not the command: the job comes back as a failure naming the cause.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from dataclasses import asdict
 from floorline.errors import FloorlineError, exception_line, one_line, out_of_memory
 from floorline.hardware import DeviceSpec
 from floorline.measure.cell import measure_cell, prepare_cell
+from floorline.measure.quality import measure_quality, prepare_quality
 from floorline.models import resolve_model
-from floorline.records import CellKey, CellResult
+from floorline.records import CellKey, CellResult, QualityKey, QualityResult
 
 # The child's command, before the job; tests point it at a script that misbehaves.
 CHILD = [sys.executable, "-m", "floorline.measure.runner"]
@@ -114,6 +115,32 @@ def cell_job(key: dict, device: str, gpu: dict, seed: int, trust_remote_code: bo
     """measure_cell inside the child."""
     return measure_cell(CellKey(**key), device, DeviceSpec(**gpu), seed,
                         trust_remote_code).as_dict()
+
+
+def run_quality_in_child(key: QualityKey, device: str, gpu: DeviceSpec, seed: int = 0,
+                         trust_remote_code: bool = False,
+                         timeout_s: float = TIMEOUT_S) -> QualityResult:
+    """One path's quality measured in a fresh process (measure/quality.py); one that cannot be
+    measured here (random weights, a path unavailable) is invalid without one, and a child that
+    fails makes an invalid row naming the cause."""
+    result, runnable = prepare_quality(key, resolve_model(key.model, trust_remote_code), device,
+                                       gpu)
+    if not runnable:
+        return result
+    args = {"key": asdict(key), "device": device, "gpu": asdict(gpu), "seed": seed,
+            "trust_remote_code": trust_remote_code}
+    try:
+        return QualityResult.from_dict(run_in_child("floorline.measure.runner:quality_job", args,
+                                                    timeout_s))
+    except ChildFailed as e:
+        result.reason = f"the measurement's process failed: {e.reason}"
+        return result
+
+
+def quality_job(key: dict, device: str, gpu: dict, seed: int, trust_remote_code: bool) -> dict:
+    """measure_quality inside the child."""
+    return measure_quality(QualityKey(**key), device, DeviceSpec(**gpu), seed,
+                           trust_remote_code).as_dict()
 
 
 def die_with_parent() -> None:

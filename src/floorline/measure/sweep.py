@@ -1,4 +1,5 @@
-"""A grid of cells, measured one by one into the results database, resumable."""
+"""A grid of cells, measured one by one into the results database, resumable; and the quality of
+each (model, path) of the grid whose model has real weights."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ from itertools import product
 
 from floorline.hardware import DeviceSpec
 from floorline.measure.fingerprint import environment, fingerprint_key
-from floorline.measure.runner import TIMEOUT_S, run_cell_in_child
+from floorline.measure.quality import quality_key
+from floorline.measure.runner import TIMEOUT_S, run_cell_in_child, run_quality_in_child
 from floorline.models import resolve_model
-from floorline.models.zoo import DEMO_MODELS, STUDY_MODELS
+from floorline.models.fetch import fetched_dir
+from floorline.models.zoo import DEMO_MODEL, DEMO_MODELS, STUDY_MODELS
 from floorline.paths import parse_path
-from floorline.records import CellKey, CellResult
+from floorline.records import CellKey, CellResult, QualityKey, QualityResult
 from floorline.store import Store
 
 STUDY_CONTEXTS = (2048, 4096, 8192, 16384)
@@ -29,11 +32,21 @@ class Grid:
         return [CellKey(m, c, p, steps, warmup)
                 for m, c, p in product(self.models, self.contexts, self.paths)]
 
+    def quality(self, tokens: int, window: int, trust_remote_code: bool) -> list[QualityKey]:
+        """One quality measurement per model with real weights and base path (not per context:
+        quality is the formats', and +compile and +graphs change no arithmetic)."""
+        bases = dict.fromkeys(parse_path(p).base for p in self.paths)
+        return [quality_key(m, p, tokens, window) for m in self.models
+                if resolve_model(m, trust_remote_code).has_real_weights for p in bases]
+
 
 def default_grid(device: str) -> Grid:
-    """The study's grid on a GPU; the tiny CPU demo, through the same pipeline, elsewhere."""
+    """The study's grid on a GPU; elsewhere the CPU demo through the same pipeline: the trained
+    model where it has been fetched (`floorline models fetch`), else the tiny configs."""
     if device.startswith("cuda"):
         return Grid(STUDY_MODELS, STUDY_CONTEXTS, ("hf-eager",))
+    if fetched_dir(DEMO_MODEL) is not None:
+        return Grid((DEMO_MODEL,), DEMO_CONTEXTS, DEMO_PATHS)
     return Grid(DEMO_MODELS, DEMO_CONTEXTS, DEMO_PATHS)
 
 
@@ -45,8 +58,8 @@ def check_grid(grid: Grid, trust_remote_code: bool) -> Grid:
 
 
 class Sweep:
-    """Measures cells into `store`, each in a fresh process (measure/runner.py), skipping those
-    already valid under this environment."""
+    """Measures cells and quality into `store`, each in a fresh process (measure/runner.py),
+    skipping those already valid under this environment."""
 
     def __init__(self, store: Store, device: str, gpu: DeviceSpec, *, force: bool = False,
                  seed: int = 0, trust_remote_code: bool = False, timeout_s: float = TIMEOUT_S):
@@ -63,4 +76,13 @@ class Sweep:
         result = run_cell_in_child(key, self.device, self.gpu, self.seed,
                                    self.trust_remote_code, self.timeout_s)
         self.store.add(result, self.env, self.env_key)
+        return result
+
+    def run_quality(self, key: QualityKey) -> QualityResult | None:
+        """The path's quality, committed as soon as it ends; None when already valid."""
+        if not self.force and self.store.has_valid_quality(key, self.gpu.name, self.env_key):
+            return None
+        result = run_quality_in_child(key, self.device, self.gpu, self.seed,
+                                      self.trust_remote_code, self.timeout_s)
+        self.store.add_quality(result, self.env, self.env_key)
         return result

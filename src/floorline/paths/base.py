@@ -6,6 +6,11 @@
     session.step()                                     # one new token; nothing for the
                                                        # timer to wait on
     session.close()
+
+and, for a quality measurement (measure/quality.py), where the path can give them:
+
+    session.window_logits(ids)                         # [n, vocab] fp32 logits of every
+                                                       # position of ids, on the host
 """
 
 from __future__ import annotations
@@ -41,6 +46,13 @@ class Session(ABC):
 
     def compile(self, mode: str) -> None:
         raise PathUnavailable(f"{type(self).__name__} has no compiled form")
+
+    def window_logits(self, ids):
+        """The logits of every position of `ids` (1-D token ids, from position 0) as the path
+        computes them in its formats: a float32 tensor [n, vocab] on the CPU. The session's
+        cache may be overwritten. PathUnavailable where the path cannot give them."""
+        raise PathUnavailable("floorline cannot read this path's logits at every position of "
+                              "a window yet")
 
     def prefill_details(self) -> dict:
         """What the path measured of its last prefill (time to first token), for the cell."""

@@ -1,7 +1,9 @@
 """`engine`: floorline's own runtime (floorline.engine) under the measurement contract, in
-16-bit (`engine`), int4 (`engine-int4`, group 128) and fp8 (`engine-fp8`) weights, each also with
-an fp8 LM head (`-fp8head`) or an fp8 KV cache (`-kvfp8`). A quantised path's realised
-reduction is measured against `engine`. Each cell also records its time to first token."""
+16-bit (`engine`), int4 (`engine-int4`: groups of 128 along K, or of 64 or 32 where 128 does not
+divide every matrix width) and fp8 (`engine-fp8`) weights, each also with an fp8 LM head
+(`-fp8head`) or an fp8 KV cache (`-kvfp8`). A quantised path's realised reduction is measured
+against `engine`. Each cell also records its time to first token, and an int4 cell its group
+size (its floor counts that group's scales and zero points: traffic.resolve_weight_format)."""
 
 from __future__ import annotations
 
@@ -41,7 +43,17 @@ class EngineSession(Session):
             self.engine.capture()
 
     def prefill_details(self) -> dict:
-        return self.timing
+        group = self.engine.group_size
+        return self.timing if group is None else {**self.timing, "group_size": group}
+
+    def window_logits(self, ids):
+        """The window prefilled into the cache from position 0, every position's logits through
+        the step's head (Decoder.prefill, all_logits): the engine's weights, head and KV cache
+        formats, each chunk's attention reading K and V back as the cache stores them."""
+        logits = self.engine.decoder.prefill(ids.view(-1).to(self.engine.device),
+                                             all_logits=True)
+        self.engine.filled = ids.numel()  # as Engine.prefill leaves it
+        return logits
 
     def step(self) -> None:
         self.engine.step()

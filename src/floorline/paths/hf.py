@@ -36,6 +36,11 @@ class HFSession(Session):
         self.token.copy_(out.logits[:, -1:].argmax(-1))  # greedy sampling, on the device
         self.position.add_(1)
 
+    def window_logits(self, ids):
+        """The model's own forward over the window, without a cache, in the session's dtype."""
+        out = self.hf_model(input_ids=ids.view(1, -1).to(self.device), use_cache=False)
+        return out.logits[0].float().cpu()
+
     def compile(self, mode: str) -> None:
         import torch
 

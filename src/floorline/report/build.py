@@ -13,9 +13,10 @@ from floorline import stats
 from floorline.forecast.accuracy import coverage, leave_one_out
 from floorline.forecast.calibration import from_rows
 from floorline.forecast.published import study_check
+from floorline.measure.quality import describe as describe_quality
 from floorline.report import figures
 from floorline.report.headline import headline
-from floorline.store import Store
+from floorline.store import Store, quality_by_cell
 from floorline.study import study
 
 FIGURES = (
@@ -30,10 +31,21 @@ FIGURES = (
      figures.decomposition),
     ("energy", "Energy per token against time per token, per path", "cells",
      figures.energy_vs_time),
+    ("quality", "Speed against quality, per path", "quality", figures.speed_vs_quality),
 )
 
 SOURCE_NAMES = {"runs": "cells", "cells": "cells", "ab": "A/B experiments",
-                "explanations": "explanations"}
+                "explanations": "explanations", "quality": "quality measurements"}
+
+QUALITY_NOTE = (
+    "Each path is judged against transformers' own model of the same checkpoint in float32, on "
+    "the same windows of the evaluation text (the start of Python's own reference "
+    "documentation, as the measuring Python holds it): its perplexity and the increase over "
+    "float32's, the mean KL divergence KL(float32 || path) per token, and greedy agreement over "
+    "22 prompts of 32 new tokens each (a divergence where float32's top two tokens nearly tie is "
+    "counted apart). A model's weights are what its directory holds: float32 is the quality of "
+    "those values, not of the model its makers trained; SmolLM2-135M's directory, for one, holds "
+    "its Q4_1 GGUF's values dequantised. Random weights have no quality to measure.")
 
 # How to read a figure, where it is not plain from its axes.
 NOTES = {
@@ -45,6 +57,10 @@ NOTES = {
         "it reaches: 100% would be a step that only moves its bytes at the peak bandwidth. A path "
         "measured more than once (runs merged from several databases, or re-measured) is drawn at "
         "the median of its runs, each run a dot."),
+    "quality": (
+        "One panel per model and GPU; one colour per path, at its perplexity increase over "
+        "float32 (the bar: its 95% interval over windows), a point per context measured, at its "
+        "median ms per step. " + QUALITY_NOTE),
 }
 
 # Why each table can be empty, and what fills it.
@@ -59,6 +75,10 @@ EMPTY = {
         "forecast from valid cells of the same paths on a GPU of the catalogue, and this "
         "database holds none. `floorline sweep --paths hf-eager` on a GPU fills it."),
     "A/B experiments": "This database holds no A/B experiment: `floorline ab` runs one.",
+    "Quality against float32": (
+        "This database holds no quality measurement: `floorline quality --models DIR --paths "
+        "engine,engine-fp8` measures one for a checkpoint with real weights (random weights have "
+        "no quality to measure)."),
     "Environments": ("There are no cells, so no environments: `floorline sweep` records each "
                      "cell's."),
 }
@@ -94,6 +114,13 @@ def _table(header: list[str], rows: list[list], percent: tuple[str, ...] = ()) -
     return h, m
 
 
+def _quality_row(q) -> list:
+    """A row of the quality table: the measurement's key, figures as text, reason."""
+    f = describe_quality(q)
+    return [q.id, q.model, q.path, q.gpu, q.status, f"{q.tokens} in windows of {q.window}",
+            f["ppl"], f["reference_ppl"], f["vs_fp32"], f["kl"], f["greedy"], q.reason]
+
+
 def build_report(db: Path, out: Path) -> dict:
     """Writes index.html, report.md and one PNG per figure into `out`; returns what it wrote."""
     store = Store(db, read_only=True)
@@ -101,6 +128,11 @@ def build_report(db: Path, out: Path) -> dict:
     # rest, the newest row of each cell.
     sources = {"runs": store.rows(latest=False), "cells": store.rows(),
                "ab": store.ab_summaries(), "explanations": store.explanations()}
+    quality = store.quality_rows()
+    matched = quality_by_cell(sources["cells"], quality)
+    sources["quality"] = [(c, matched[c.id]) for c in sources["cells"]
+                          if c.status == "valid" and c.id in matched
+                          and matched[c.id].status == "valid"]
     out.mkdir(parents=True, exist_ok=True)
     html_parts, md_parts, written = [], [], {"figures": [], "missing": []}
     title = f"floorline report: {db.name}"
@@ -166,12 +198,18 @@ def build_report(db: Path, out: Path) -> dict:
                      "published ms", "forecast ms", "error"], study_rows))
     sections.append(("A/B experiments", ["id", "sentence"],
                      [[e["id"], e["sentence"]] for e in sources["ab"]]))
+    sections.append(("Quality against float32",
+                     ["id", "model", "path", "gpu", "status", "tokens", "ppl", "fp32 ppl",
+                      "vs fp32", "KL nats/token", "greedy", "reason"],
+                     [_quality_row(q) for q in quality]))
     fingerprints = {c.fingerprint_key: c.fingerprint for c in sources["cells"]}
     env_fields = ("device", "driver", "cuda", "torch", "transformers", "floorline")
     sections.append(("Environments", ["key", *env_fields],
                      [[k, *(f.get(x) for x in env_fields)] for k, f in fingerprints.items()]))
     for name, header, rows in sections:
         h, m = _table(header, rows, percent=("of floor",))
+        if name == "Quality against float32" and rows:
+            h, m = f"<p>{prose_html(QUALITY_NOTE)}</p>{h}", f"{QUALITY_NOTE}\n\n{m}"
         html_parts.append(f"<h2>{html.escape(name)}</h2>"
                           + (h if rows else f"<p class='missing'>{prose_html(EMPTY[name])}</p>"))
         md_parts.append(f"## {name}\n\n" + (m if rows else f"*{EMPTY[name]}*"))

@@ -232,3 +232,43 @@ def energy_vs_time(cells):
     plain(ax.yaxis)
     return fig, [c.id for c in cells], None
 
+
+
+NO_QUALITY = ("No valid cell here has its path's quality measured: `floorline quality --models DIR "
+              "--paths engine,engine-fp8` measures it for a checkpoint with real weights (and "
+              "`floorline sweep` does, once per model and path); random weights have none.")
+
+
+def speed_vs_quality(pairs):
+    """ms per step against the perplexity increase over float32, one panel per model and GPU:
+    a colour per path, a point per context (joined, since a path's quality is one figure for
+    every context), the increase's 95% interval as a horizontal bar. `pairs`: (cell, its
+    quality row), both valid."""
+    if not pairs:
+        return None, [], NO_QUALITY
+    groups = sorted({(c.model, c.gpu) for c, _ in pairs})
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4.6), squeeze=False)
+    palette = plt.get_cmap("tab10")
+    for ax, (model, gpu) in zip(axes[0], groups):
+        mine = [(c, q) for c, q in pairs if (c.model, c.gpu) == (model, gpu)]
+        for i, path in enumerate(sorted({c.path for c, _ in mine})):
+            pts = sorted(((c, q) for c, q in mine if c.path == path), key=lambda p: p[0].ctx)
+            q = pts[0][1]
+            x = [q.ppl_increase * 100] * len(pts)
+            y = [c.median_ms for c, _ in pts]
+            colour = palette(i % palette.N)
+            ax.plot(x, y, marker="o", color=colour, lw=0.8)
+            if q.ppl_increase_low is not None:
+                ax.errorbar(x[:1], y[:1], xerr=[[x[0] - q.ppl_increase_low * 100],
+                                                [q.ppl_increase_high * 100 - x[0]]],
+                            fmt="none", ecolor=colour, capsize=3)
+            contexts = ", ".join(str(c.ctx) for c, _ in pts)
+            ax.annotate(f"{path} (ctx {contexts})", (x[0], y[0]), textcoords="offset points",
+                        xytext=(6, 4), fontsize=7, color=colour)
+        ax.axvline(0, color="grey", lw=0.8, ls="--")
+        ax.set(yscale="log", xlabel="perplexity increase over float32 (%, 95% interval)",
+               ylabel="ms per decode step (median)", title=f"{model} on {gpu}")
+        ax.title.set_fontsize(9)
+        plain(ax.yaxis)
+    fig.tight_layout()
+    return fig, sorted({q.id for _, q in pairs}), None

