@@ -8,7 +8,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import FuncFormatter, PercentFormatter  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogFormatter, PercentFormatter  # noqa: E402
 
 from floorline.hardware import lookup  # noqa: E402
 from floorline.measure.reduction import reductions  # noqa: E402
@@ -34,8 +34,10 @@ def _log_range(values):
 
 
 def plain(axis) -> None:
-    """Tick labels of a log axis as plain numbers (100, 1000, 0.1)."""
+    """Tick labels of a log axis as plain numbers (100, 1000, 0.1), the minor ticks' too: an axis
+    spanning less than a decade labels some of them, in mathtext by default."""
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
 
 
 def fraction_vs_bandwidth(cells):
