@@ -20,11 +20,12 @@ PROMPT = "w1 w2 w3 w4"
 NEW = 16
 
 
-def word_tokenizer():
+def word_tokenizer(words=WORDS):
+    """A whitespace tokenizer of `words` (the specials first), with the chat template."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="</s>",
                                    chat_template=CHAT_TEMPLATE)

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from tests.test_generate import CHAT_TEMPLATE, EOS, WORDS
+from tests.test_generate import EOS, WORDS, word_tokenizer
 
 from floorline.engine import Engine
 from floorline.hardware import lookup
@@ -38,15 +38,8 @@ def text_tokenizer():
     well, so that its windows differ."""
     from collections import Counter
 
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     common = [w for w, _ in Counter(evaluation_text().split()).most_common(200)]
-    words = WORDS + [w for w in common if w not in WORDS]
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="</s>",
-                                   chat_template=CHAT_TEMPLATE)
+    return word_tokenizer(WORDS + [w for w in common if w not in WORDS])
 
 
 @pytest.fixture(scope="module")

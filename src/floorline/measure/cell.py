@@ -139,17 +139,31 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
             cell.details["energy_note"] = note or NO_READING
         cell.summary = asdict(summarise(cell.samples_ms))
         cell.status = VALID
-    except PathUnavailable as e:
-        cell.reason = f"path unavailable: {e}"
-    except FloorlineError as e:
-        cell.reason = str(e)
     except Exception as e:  # the cell is lost, not the sweep: record why
-        kind = "out of memory" if out_of_memory(e) else "error"
-        cell.reason = f"{kind}: {exception_line(e)}"
+        cell.reason = failure_reason(e, "path unavailable")
     finally:
-        if session is not None:
-            session.close()
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release(session)
     return cell
+
+
+def failure_reason(e: Exception, unavailable: str) -> str:
+    """Why a measurement failed, as its invalid result records it: a path's refusal after
+    `unavailable`, a problem the user can fix as its line, anything else by its kind (out of
+    memory or error) and line."""
+    if isinstance(e, PathUnavailable):
+        return f"{unavailable}: {e}"
+    if isinstance(e, FloorlineError):
+        return str(e)
+    kind = "out of memory" if out_of_memory(e) else "error"
+    return f"{kind}: {exception_line(e)}"
+
+
+def release(session) -> None:
+    """Close a session (None: none was opened) and give back its memory, the GPU's too."""
+    import torch
+
+    if session is not None:
+        session.close()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

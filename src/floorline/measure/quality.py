@@ -25,17 +25,17 @@ quality to measure: its row says so and holds no number.
 
 from __future__ import annotations
 
-import gc
 import math
 import time
 from dataclasses import dataclass
 from functools import cache
 
-from floorline.errors import FloorlineError, exception_line, out_of_memory
+from floorline.errors import FloorlineError
 from floorline.hardware import DeviceSpec
+from floorline.measure.cell import failure_reason, release
 from floorline.measure.texts import PROMPTS, evaluation_text, text_digest
 from floorline.models import resolve_model
-from floorline.paths import REGISTRY, PathUnavailable, parse_path, unavailable
+from floorline.paths import REGISTRY, parse_path, unavailable
 from floorline.records import INVALID, VALID, QualityKey, QualityResult
 from floorline.stats import mean_interval
 
@@ -302,19 +302,10 @@ def measure_quality(key: QualityKey, device: str, gpu: DeviceSpec, seed: int = 0
                               windows={"reference_nll": reference_nll, "path_nll": path_nll,
                                        "kl": kl})
         result.status = VALID
-    except PathUnavailable as e:
-        result.reason = f"not measured: {e}"
-    except FloorlineError as e:
-        result.reason = str(e)
     except Exception as e:  # the row is lost, not the command: record why
-        kind = "out of memory" if out_of_memory(e) else "error"
-        result.reason = f"{kind}: {exception_line(e)}"
+        result.reason = failure_reason(e, "not measured")
     finally:
-        if session is not None:
-            session.close()
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release(session)
     return result
 
 

@@ -92,6 +92,15 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.communicate()
 
 
+def run_job(job: str, key, device: str, gpu: DeviceSpec, seed: int, trust_remote_code: bool,
+            timeout_s: float) -> dict:
+    """`job` (a function of this module taking a key, device, gpu, seed and trust_remote_code)
+    run on `key` in a fresh process; its result as a dict."""
+    args = {"key": asdict(key), "device": device, "gpu": asdict(gpu), "seed": seed,
+            "trust_remote_code": trust_remote_code}
+    return run_in_child(f"floorline.measure.runner:{job}", args, timeout_s)
+
+
 def run_cell_in_child(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
                       trust_remote_code: bool = False,
                       timeout_s: float = TIMEOUT_S) -> CellResult:
@@ -101,11 +110,9 @@ def run_cell_in_child(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
                                 seed)
     if budget is None:
         return cell
-    args = {"key": asdict(key), "device": device, "gpu": asdict(gpu), "seed": seed,
-            "trust_remote_code": trust_remote_code}
     try:
-        return CellResult.from_dict(run_in_child("floorline.measure.runner:cell_job", args,
-                                                 timeout_s))
+        return CellResult.from_dict(run_job("cell_job", key, device, gpu, seed,
+                                            trust_remote_code, timeout_s))
     except ChildFailed as e:
         cell.reason = f"the cell's process failed: {e.reason}"
         return cell
@@ -127,11 +134,9 @@ def run_quality_in_child(key: QualityKey, device: str, gpu: DeviceSpec, seed: in
                                        gpu)
     if not runnable:
         return result
-    args = {"key": asdict(key), "device": device, "gpu": asdict(gpu), "seed": seed,
-            "trust_remote_code": trust_remote_code}
     try:
-        return QualityResult.from_dict(run_in_child("floorline.measure.runner:quality_job", args,
-                                                    timeout_s))
+        return QualityResult.from_dict(run_job("quality_job", key, device, gpu, seed,
+                                               trust_remote_code, timeout_s))
     except ChildFailed as e:
         result.reason = f"the measurement's process failed: {e.reason}"
         return result
