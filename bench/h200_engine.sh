@@ -36,6 +36,10 @@
 #   bash bench/h200_engine.sh energy    J/token of the headline's paths (Qwen2.5-7B, ctx 2048), and the
 #                                       engine's ctx 16384 cells warmed up until steady, with their
 #                                       drift; its own database (about 6 minutes)
+#   bash bench/h200_engine.sh runs      the headline's cells in RUNS fresh sweeps (default 5), each a run
+#                                       labelled headline-N, into their own database
+#   bash bench/h200_engine.sh energy-check   the energy counter's update period, and J/token read
+#                                       three ways over windows of 0.25-4 s (bench/energy_check.py)
 #   bash bench/h200_engine.sh families  Qwen3-8B and Gemma-3-12B: engine beside hf-static+graphs at ctx
 #                                       2048 and 16384, and the engine on Qwen2.5-7B at 2048 in the same
 #                                       run for reference; its own database
@@ -47,6 +51,7 @@ cd "$(dirname "$0")/.."
 DB=${DB:-bench/results/h200_engine.db}
 DEST=${OUT:-bench/results}
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export FLOORLINE_RUN_LABEL="$(basename "$0") ${1:-}"  # names the runs it makes
 export FLOORLINE_CACHE=${FLOORLINE_CACHE:-/tmp/floorline-cache}
 # llama.cpp where bench/h200_quantised.sh built it (setup, build-llamacpp): its paths then run here
 SITE=/tmp/site
@@ -158,6 +163,20 @@ case ${1:?stage} in
   quant-check) python3 bench/engine_check.py --quantised --json "$DEST/h200_engine_quant_check.json" ;;
   awq-marlin-check)  # FLOORLINE_MARLIN_LIB from `bash kernels/marlin/build.sh <its sdist>`
     python3 bench/awq_marlin_check.py --json "$DEST/h200_awq_marlin_check.json" ;;
+  runs)
+    # The headline's cells (Qwen2.5-7B, ctx 2048) measured RUNS times (default 5), each time in
+    # a fresh sweep with --force, labelled headline-N: the README quotes each figure as the
+    # median over these runs with its range. The first run also takes SLOW_PATHS once.
+    RDB=${DB%.db}_runs.db
+    for i in $(seq 1 "${RUNS:-5}"); do
+      paths=engine,engine-fp8,engine-int4,engine-int4-fp8head,hf-static+graphs
+      if [[ $i == 1 ]]; then paths="$paths,${SLOW_PATHS:-hf-eager,hf-static+compile+graphs}"; fi
+      fl sweep --db "$RDB" --models qwen2.5-7b --ctx 2048 --paths "$paths" --force \
+        --label "headline-$i" || echo "stage failed"
+    done
+    DB=$RDB ;;
+  energy-check)  # the energy counter's update period and a cross-check of its readings
+    python3 bench/energy_check.py --json "$DEST/h200_energy_check.json" ;;
   explain)
     for p in ${EXPLAIN_PATHS:-engine}; do for m in ${MODELS//,/ }; do for c in ${CTX//,/ }; do
       fl explain --db "$DB" --model "$m" --ctx "$c" --path "$p" --json > "$DEST/h200_explain_${p}_${m}_$c.json"

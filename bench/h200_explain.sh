@@ -9,6 +9,7 @@ DB=${DB:-bench/results/h200.db}
 R=bench/results
 mkdir -p "$R"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export FLOORLINE_RUN_LABEL="$(basename "$0") ${1:-}"  # names the runs it makes
 fl() { python3 -m floorline "$@"; }
 stage=${1:-all}
 if [[ $stage == explain || $stage == all ]]; then

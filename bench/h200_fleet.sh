@@ -21,6 +21,7 @@ DEST=${OUT:-bench/results}
 LOCAL_DB=${LOCAL_DB:-bench/results/h200_fleet_inprocess.db}
 FLEET_DB=${FLEET_DB:-bench/results/h200_fleet.db}
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export FLOORLINE_RUN_LABEL="$(basename "$0") ${1:-}"  # names the runs it makes
 export FLOORLINE_CACHE=${FLOORLINE_CACHE:-/tmp/floorline-cache}
 fl() { python3 -m floorline "$@"; }
 MODELS=${MODELS:-qwen2.5-7b,llama-3.1-8b,mistral-7b-v0.3} CTX=${CTX:-2048,4096,8192,16384}

@@ -20,6 +20,7 @@ cd "$(dirname "$0")/.."
 DB=${DB:-bench/results/h200_quantised.db}
 SITE=/tmp/site
 export PYTHONPATH=src:$SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export FLOORLINE_RUN_LABEL="$(basename "$0") ${1:-}"  # names the runs it makes
 export FLOORLINE_MARLIN_LIB=$PWD/.whl/floorline_marlin.so FLOORLINE_CACHE=/tmp/floorline-cache
 export TORCH_EXTENSIONS_DIR=/tmp/torch-ext MAX_JOBS=${MAX_JOBS:-16}
 export LLAMA_CPP_LIB_PATH=${LLAMA_CPP_LIB_PATH:-$SITE/llama_cpp/lib}

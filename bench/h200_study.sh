@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 DB=${DB:-bench/results/h200.db}
 mkdir -p "$(dirname "$DB")"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export FLOORLINE_RUN_LABEL="$(basename "$0") ${1:-}"  # names the runs it makes
 fl() { python3 -m floorline "$@"; }
 stage=${1:-all}
 if [[ $stage == static || $stage == all ]]; then

@@ -15,6 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export FLOORLINE_RUN_LABEL="$(basename "$0") ${1:-}"  # names the runs it makes
 fl() { python3 -m floorline "$@"; }
 DEVICE=${DEVICE:-$(python3 -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")}
 DB=${DB:-bench/results/${DEVICE}_smollm2.db}

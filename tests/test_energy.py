@@ -2,17 +2,17 @@
 is said not to be measured and never shown as a number."""
 
 import json
+import time
 
 import pytest
 
 from conftest import run_cli
-from floorline import timing
 from floorline.hardware import lookup
 from floorline.measure import cell as cell_module
 from floorline.measure import energy
 from floorline.measure.ab import Plan, SessionResult, summarise_sessions
 from floorline.measure.cell import measure_cell
-from floorline.measure.energy import EnergyMeter
+from floorline.measure.energy import EnergyMeter, counter_period, energy_between, energy_problem
 from floorline.measure.fingerprint import environment, fingerprint_key
 from floorline.records import CellKey
 from floorline.store import Store
@@ -20,30 +20,51 @@ from floorline.timing import StepPlan, run_plan
 
 
 class FakeNVML:
-    """The few NVML calls the meter makes. The energy counter (mJ) is what the fake GPU has
-    spent: `joules_per_step` for each step run so far; clocks and temperature follow it."""
+    """The NVML calls the meter makes, on a fake GPU that draws `watts` while a step runs
+    (`step`, which takes `step_s` of real time) and `idle_watts` otherwise. Like a real one,
+    its energy counter (mJ) advances only every `period_s`; its power reading is `reported`
+    (the true power where None)."""
     NVML_CLOCK_SM, NVML_TEMPERATURE_GPU = 0, 0
 
     class NVMLError(Exception):
         pass
 
-    def __init__(self, joules_per_step=2.5, counter=True, watts=300.0):
-        self.steps, self.joules_per_step = 0, joules_per_step
-        self.counter, self.watts = counter, watts
+    def __init__(self, watts=500.0, idle_watts=100.0, period_s=0.01, step_s=0.002,
+                 counter=True, reported=None, limit_w=700.0):
+        self.watts, self.idle_watts = watts, idle_watts
+        self.period_s, self.step_s = period_s, step_s
+        self.counter, self.reported, self.limit_w = counter, reported, limit_w
+        self.t0 = time.perf_counter()
+        self.busy: list[tuple[float, float]] = []  # the steps' spans
+        self.steps, self.running = 0, False
 
     def step(self):
+        start = time.perf_counter()
+        self.running = True
+        while time.perf_counter() - start < self.step_s:
+            pass
+        self.running = False
+        self.busy.append((start, time.perf_counter()))
         self.steps += 1
+
+    def joules_until(self, t):
+        busy = sum(min(b, t) - a for a, b in self.busy if a < t)
+        return self.idle_watts * (t - self.t0) + (self.watts - self.idle_watts) * busy
 
     def nvmlDeviceGetTotalEnergyConsumption(self, h):
         if not self.counter:
             raise self.NVMLError("Not Supported")
-        return 10_000_000 + round(self.steps * self.joules_per_step * 1e3)
+        now = time.perf_counter()
+        last_update = self.t0 + (now - self.t0) // self.period_s * self.period_s
+        return round(self.joules_until(last_update) * 1e3)
 
     def nvmlDeviceGetPowerUsage(self, h):
-        return round(self.watts * 1e3)
+        watts = self.reported if self.reported is not None else (
+            self.watts if self.running else self.idle_watts)
+        return round(watts * 1e3)
 
     def nvmlDeviceGetEnforcedPowerLimit(self, h):
-        return 700_000
+        return round(self.limit_w * 1e3)
 
     def nvmlDeviceGetClockInfo(self, h, clock):
         return 1980 if self.steps < 100 else 1755
@@ -52,118 +73,119 @@ class FakeNVML:
         return 40 + self.steps // 100
 
 
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self):
-        return self.now
-
-
 @pytest.fixture
-def fake_time(monkeypatch):
-    clock = Clock()
-    monkeypatch.setattr(timing, "time", clock)
-    monkeypatch.setattr(energy, "time", clock)
-    return clock
+def short_windows(monkeypatch):
+    """Windows of a fifth of a second, power read as the mean of the last 50 ms: the checks as
+    on a GPU, in a test's time."""
+    monkeypatch.setattr(energy, "WINDOW_MIN_S", 0.2)
+    monkeypatch.setattr(energy, "POWER_AVERAGE_S", 0.05)
+    monkeypatch.setattr(energy, "SAMPLE_S", 0.005)
 
 
-def test_joules_per_token_from_the_energy_counter(fake_time):
-    nvml = FakeNVML(joules_per_step=2.5)
-
-    def step():  # 4 ms and 2.5 J a step: 625 W
-        nvml.step()
-        fake_time.now += 0.004
-
-    t = run_plan(step, "cpu", StepPlan(10, 200), EnergyMeter(nvml, None))
-    e = t.energy
-    assert e["method"] == "energy counter" and e["tokens"] == 200
-    assert e["joules_per_token"] == pytest.approx(2.5)
-    assert e["mean_watts"] == pytest.approx(2.5 / 0.004)
-    assert e["power_limit_w"] == 700
-    assert e["at_start"] == {"sm_clock_mhz": 1980, "temperature_c": 40}  # after 10 warm-up steps
-    assert e["at_end"] == {"sm_clock_mhz": 1755, "temperature_c": 42}  # 210 steps run
+def windows(nvml, room=10_000):
+    return EnergyMeter(nvml, None).metered_windows(nvml.step, lambda: None, nvml.step_s, room)
 
 
-def test_energy_over_auto_steps_counts_the_timed_batches_and_never_the_warm_up(fake_time):
-    nvml = FakeNVML(joules_per_step=1.0)
-
-    def step():
-        nvml.step()
-        fake_time.now += 0.002
-
-    t = run_plan(step, "cpu", StepPlan(0, None, steps_cap=100), EnergyMeter(nvml, None))
-    n = len(t.samples_ms)
-    assert n < 100 and n * 0.002 < timing.ENERGY_MIN_S
-    # the timed steps took under a second: more follow for energy, up to the steps' cap
-    assert t.energy["tokens"] == 100 and t.energy["joules"] == pytest.approx(100 * 1.0)
-    assert t.energy["seconds"] == pytest.approx(100 * 0.002)
-
-
-def test_short_timings_are_metered_for_a_second_within_the_reserved_steps(fake_time):
-    nvml = FakeNVML(joules_per_step=2.0)
-
-    def step():  # 4 ms: 64 timed steps are 0.256 s
-        nvml.step()
-        fake_time.now += 0.004
-
-    # auto warm-up settles after two windows, leaving most of its cap unused
-    t = run_plan(step, "cpu", StepPlan(None, 64), EnergyMeter(nvml, None))
-    assert t.warmup_steps == 2 * timing.WINDOW and len(t.samples_ms) == 64
-    e = t.energy
-    assert e["tokens"] == 250 and e["seconds"] == pytest.approx(1.0)  # ceil(0.744 / 0.004) more
-    assert e["joules_per_token"] == pytest.approx(2.0)
-    assert nvml.steps == 2 * timing.WINDOW + 250  # warm-up, timed and metered steps, no more
-    # fixed counts reserve no room: the energy is read over the timed steps alone
-    nvml.steps = 0
-    t = run_plan(step, "cpu", StepPlan(8, 64), EnergyMeter(nvml, None))
-    assert t.energy["tokens"] == 64 and nvml.steps == 72
+def test_joules_per_token_over_windows_aligned_on_the_counters_updates(short_windows):
+    nvml = FakeNVML(watts=500.0, idle_watts=100.0, period_s=0.02, step_s=0.002)
+    e = windows(nvml)
+    assert e["valid"] and e["reason"] is None and e["method"] == "energy counter"
+    assert len(e["windows"]) == energy.WINDOWS
+    # A step draws 500 W for its 2 ms: 1 J. The windows start and end on the counter's updates,
+    # so the idle power before and after them is left out.
+    assert e["joules_per_token"] == pytest.approx(1.0, rel=0.02)
+    assert e["mean_watts"] == pytest.approx(500, rel=0.02)
+    assert e["joules_per_token_low"] <= e["joules_per_token"] <= e["joules_per_token_high"]
+    assert e["counter"]["update_period_ms"] == pytest.approx(20, rel=0.2)
+    assert 0 < e["error_bound"] < energy.ERROR_TARGET
+    assert e["power_limit_w"] == 700 and e["at_start"]["sm_clock_mhz"] == 1980
 
 
-def test_power_sampled_where_the_counter_is_missing(fake_time):
-    nvml = FakeNVML(counter=False, watts=300.0)
+def test_the_counter_read_between_updates_is_interpolated():
+    changes = [(0.0, 0), (0.1, 50_000), (0.2, 150_000)]  # 500 W, then 1000 W (mJ)
+    assert energy_between(changes, 0.05, 0.15) == pytest.approx(25 + 50)
+    assert energy_between(changes, 0.0, 0.3) is None  # not spanned by the updates
+    assert counter_period([(0.0, 0), (0.013, 10), (0.033, 30), (0.053, 31)]) == {
+        "update_period_ms": pytest.approx(20), "resolution_mj": 1, "updates_seen": 3}
 
-    def step():
-        nvml.step()
-        fake_time.now += 0.004
 
+def test_mean_power_above_the_limit_is_not_valid(short_windows):
+    e = windows(FakeNVML(watts=900.0, limit_w=700.0))
+    assert not e["valid"] and "above the GPU's 700 W limit" in e["reason"]
+    stored_before_the_checks = {"joules_per_token": 2.6, "mean_watts": 877.0, "power_limit_w": 700}
+    assert "877 W is above" in energy_problem(stored_before_the_checks)
+    unbounded = {"joules_per_token": 2.6, "mean_watts": 690.0, "power_limit_w": 700}
+    assert "error is not known" in energy_problem(unbounded)
+    assert energy_problem({**unbounded, "error_bound": 0.002}) is None
+
+
+def test_a_counter_that_disagrees_with_the_power_readings_is_not_valid(short_windows):
+    e = windows(FakeNVML(watts=500.0, reported=300.0))
+    assert not e["valid"] and "disagrees with the power readings' 300 W" in e["reason"]
+
+
+def test_windows_are_as_long_as_the_bound_needs_and_short_brackets_are_not_valid(
+        short_windows):
+    # 20 ms steps: a window must be 2.2 s for the step in flight at its close to be under 1%
+    e = windows(FakeNVML(step_s=0.02, period_s=0.01), room=500)
+    assert e["valid"] and all(w["seconds"] >= 2.2 for w in e["windows"])
+    # an A/B arm's blocks, read between the counter's updates: 10 ms against a 10 ms period
+    nvml = FakeNVML(step_s=0.002, period_s=0.01)
     meter = EnergyMeter(nvml, None)
-    t = run_plan(step, "cpu", StepPlan(0, 50), meter)
-    assert t.energy["method"] == "power sampled"
-    assert t.energy["mean_watts"] == pytest.approx(300.0)
-    assert t.energy["joules_per_token"] == pytest.approx(300.0 * 0.004)
+    meter.begin()
+    for _ in range(5):
+        nvml.step()
+    meter.end()
+    e = meter.result(5)
+    assert not e["valid"] and "meter longer" in e["reason"] and e["error_bound"] >= 0.01
 
 
-def test_a_counter_that_does_not_advance_gives_no_figure(fake_time):
-    nvml = FakeNVML(joules_per_step=0.0)
-    t = run_plan(lambda: fake_time.__setattr__("now", fake_time.now + 0.001), "cpu",
-                 StepPlan(0, 8), EnergyMeter(nvml, None))
-    assert t.energy is None
+def test_no_room_for_a_window_gives_no_reading(short_windows):
+    assert windows(FakeNVML(), room=10) is None
+
+
+def test_power_sampled_where_the_counter_is_missing(short_windows):
+    e = windows(FakeNVML(counter=False, reported=300.0))
+    assert e["method"] == "power sampled" and e["mean_watts"] == pytest.approx(300.0)
+    assert e["joules_per_token"] == pytest.approx(300.0 * e["seconds"] / e["tokens"])
+
+
+def test_energy_follows_timing_within_the_positions_it_leaves(short_windows):
+    nvml = FakeNVML(step_s=0.001)
+    t = run_plan(nvml.step, "cpu", StepPlan(4, 32), EnergyMeter(nvml, None), energy_room=5000)
+    assert len(t.samples_ms) == 32 and t.energy["valid"]
+    assert nvml.steps == 4 + 32 + t.energy["tokens"] and t.energy["tokens"] <= 5000
 
 
 def test_the_cpu_is_not_metered():
     assert energy.open_meter("cpu") == (None, "not measured on the CPU")
 
 
-def test_energy_columns_with_nvml_and_none_on_the_cpu(tmp_path, monkeypatch):
+def test_energy_columns_with_nvml_and_none_on_the_cpu(tmp_path, monkeypatch, short_windows):
     gpu = lookup("l4")
     key = CellKey("tiny-llama", 16, "hf-eager", 12, 2)
     env = environment("cpu")
     cpu_db, nvml_db = tmp_path / "cpu.db", tmp_path / "nvml.db"
     Store(cpu_db).add(measure_cell(key, "cpu", gpu), env, fingerprint_key(env))
 
-    # Each read of the fake counter advances it by 3 J: one timed batch reads it twice, so the
-    # 12 timed steps spent 3 J, 0.25 J a token.
-    nvml = FakeNVML()
-    reads = iter(range(10**6))
-    nvml.nvmlDeviceGetTotalEnergyConsumption = lambda h: 3000 * next(reads)
-    monkeypatch.setattr(cell_module, "open_meter", lambda device: (EnergyMeter(nvml, None), None))
-    measured = measure_cell(key, "cpu", gpu)
-    assert measured.details["energy"]["joules_per_token"] == pytest.approx(3 / 12)
-    Store(nvml_db).add(measured, env, fingerprint_key(env))
+    # A cell keeps the meter's reading: one valid, one above the power limit.
+    readings = iter([windows(FakeNVML(watts=500.0)), windows(FakeNVML(watts=900.0))])
 
-    shown = run_cli("show", "--db", nvml_db, check=True).stdout
-    assert "J/token" in shown and "0.25" in shown and "(700)" in shown
+    class Meter:
+        def metered_windows(self, *args):
+            return next(readings)
+
+    monkeypatch.setattr(cell_module, "open_meter", lambda device: (Meter(), None))
+    store = Store(nvml_db)
+    for _ in range(2):
+        measured = measure_cell(key, "cpu", gpu)
+        store.add(measured, env, fingerprint_key(env))
+    good, high = (r.details["energy"] for r in store.rows(latest=False))
+    assert good["joules_per_token"] == pytest.approx(1.0, rel=0.02) and high["valid"] is False
+    shown = run_cli("show", "--db", nvml_db, "--all", check=True).stdout
+    assert "J/token" in shown and "(700)" in shown
+    assert f"{good['joules_per_token']:.4g} ({good['joules_per_token_low']:.4g}-" in shown
+    assert "not valid" in shown and "above the GPU's 700 W limit" in " ".join(shown.split())
     shown = run_cli("show", "--db", cpu_db, check=True).stdout
     assert "J/token" not in shown and "energy per token: not measured on the CPU" in shown
     row = json.loads(run_cli("show", "--db", cpu_db, "--json", check=True).stdout)[0]
@@ -172,7 +194,7 @@ def test_energy_columns_with_nvml_and_none_on_the_cpu(tmp_path, monkeypatch):
 
 
 def session(index, ms_a, ms_b, j_a=None, j_b=None):
-    e = lambda j: None if j is None else {"joules_per_token": j}  # noqa: E731
+    e = lambda j: None if j is None else {"joules_per_token": j, "error_bound": 0.002}  # noqa: E731
     return SessionResult(index, "ok", None, "a", [ms_a], [ms_b], [64, 64], e(j_a), e(j_b),
                          None if j_a and j_b else "not measured on the CPU")
 
@@ -203,7 +225,7 @@ def test_report_draws_energy_against_time_per_path(tmp_path):
     store = Store(db)
     for i, (path, ms, joules) in enumerate((("engine", 3.0, 1.5), ("hf-eager", 20.0, 7.0),
                                            ("hf-eager", 25.0, None))):
-        details = {"energy": {"joules_per_token": joules}} if joules else {
+        details = {"energy": {"joules_per_token": joules, "error_bound": 0.002}} if joules else {
             "energy_note": "not measured on the CPU"}
         store.add(CellResult(CellKey("tiny-llama", 128 * (i + 1), path, 8, 2), "l4", VALID, None,
                              [ms] * 8, {"median_ms": ms, "p10_ms": ms, "p90_ms": ms,
@@ -219,24 +241,35 @@ def test_report_draws_energy_against_time_per_path(tmp_path):
     empty = tmp_path / "cpu.db"
     Store(empty).close()
     written = build_report(empty, tmp_path / "out2")
-    assert "figure 7: No cell here has its energy per token" in "\n".join(written["missing"])
+    assert "figure 7: No cell here has a valid energy per token" in "\n".join(written["missing"])
 
 
-def test_readings_a_gpu_does_not_report_are_left_out(fake_time):
+def test_readings_a_gpu_does_not_report_are_left_out(short_windows):
     nvml = FakeNVML()
 
     def unsupported(*args):
         raise FakeNVML.NVMLError("Not Supported")
 
     nvml.nvmlDeviceGetEnforcedPowerLimit = nvml.nvmlDeviceGetTemperature = unsupported
-
-    def step():
-        nvml.step()
-        fake_time.now += 0.004
-
-    e = run_plan(step, "cpu", StepPlan(0, 20), EnergyMeter(nvml, None)).energy
-    assert e["joules_per_token"] == pytest.approx(2.5) and e["power_limit_w"] is None
+    e = windows(nvml)
+    assert e["valid"] and e["power_limit_w"] is None
     assert e["at_start"] == {"sm_clock_mhz": 1980, "temperature_c": None}
     from floorline.cli import energy_columns
 
-    assert energy_columns(e) == ["2.5", "625 (-)", "1980-1980", "-"]
+    assert energy_columns(e)[1].endswith("(-)") and energy_columns(e)[3] == "-"
+
+
+def test_only_a_path_whose_step_ignores_spare_room_gets_positions_for_energy():
+    """hf-static attends over its whole static cache: room for energy windows would slow the
+    steps it times, so it gets none; the engine reads up to its position only."""
+    from floorline.measure.cell import prepare_cell
+    from floorline.models import resolve_model
+
+    spec = resolve_model("qwen2.5-7b")
+    for path, reserved in (("hf-static+graphs", False), ("engine", True)):
+        cell, _ = prepare_cell(CellKey("qwen2.5-7b", 2048, path, 64, "auto"), spec, "cuda",
+                               lookup("h200"), 0)
+        assert (cell.details.get("positions_for_energy", 0) > 0) is reserved, path
+    cell, _ = prepare_cell(CellKey("qwen2.5-7b", 2048, "engine", 64, "auto"), spec, "cpu",
+                           lookup("h200"), 0)
+    assert "positions_for_energy" not in cell.details  # the CPU is not metered

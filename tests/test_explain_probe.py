@@ -3,6 +3,7 @@ import json
 import pytest
 
 from conftest import run_cli
+from floorline.errors import FloorlineError
 from floorline.hardware import lookup
 from floorline.measure.explain import by_class, classify, decompose, explain, union_us
 from floorline.measure.probe import probe
@@ -45,8 +46,20 @@ def test_decomposition_sums_to_the_median():
     assert sum(d[k] for k in PARTS) == pytest.approx(d["median_ms"])
 
 
+def explained(*args, **kwargs):
+    """explain, tried again where a busy host made it refuse to split the step (that refusal is
+    tested in test_steadiness.py)."""
+    for attempt in range(3):
+        try:
+            return explain(*args, **kwargs)
+        except FloorlineError as e:
+            if "too noisy" not in str(e) or attempt == 2:
+                raise
+
+
 def test_explain_a_tiny_cell_on_the_cpu():
-    r = explain("tiny-llama", 32, "hf-static", "cpu", lookup("l4"), steps=4, warmup=2)
+    r = explained("tiny-llama", 32, "hf-static", "cpu", lookup("l4"), steps=4, warmup=2)
+    assert all(r["decomposition"][k] >= 0 for k in PARTS)  # never a negative share
     d = r["decomposition"]
     assert sum(d[k] for k in PARTS) == pytest.approx(d["median_ms"])
     assert sum(c["ms"] for c in r["classes"].values()) == pytest.approx(d["kernel_ms"])

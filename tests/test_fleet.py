@@ -33,11 +33,12 @@ def cluster():
 def content(rows):
     """What must match between two databases of the same grid measured on one host: each cell's
     identity, status, reason, floor and environment, and the details' fields (not values:
-    timings differ from run to run)."""
+    timings differ from run to run; nor the run, or a warning about the host's load, which
+    depend on how each was started and what else ran)."""
     skip = {"id", "finished_at", "median_ms", "p10_ms", "p90_ms", "mean_ms", "fraction_of_floor",
-            "achieved_gbps", "samples_ms", "fingerprint", "details"}
+            "achieved_gbps", "samples_ms", "fingerprint", "details", "run_id"}
     return sorted((tuple((k, v) for k, v in sorted(r.as_dict().items()) if k not in skip),
-                   len(r.samples_ms), sorted(set(r.details) - {"worker", "drift"}))
+                   len(r.samples_ms), sorted(set(r.details) - {"worker", "drift", "host_warning"}))
                   for r in rows)
 
 

@@ -124,10 +124,11 @@ def test_headline_bars_and_labels_come_from_the_database(tmp_path):
     from floorline.report.headline import headline, ladder
 
     store = Store(tmp_path / "h.db")
+    store.add(*cell("m", 128, "hf-eager", 30.0, 1.0, env="older code"))  # another class: left out
     store.add(*cell("m", 128, "hf-eager", 10.0, 1.0))
     store.add(*cell("m", 128, "engine", 2.0, 1.0))
     store.add(*cell("m", 128, "engine-int4", 1.5, 0.4, weight_format="engine-int4-g128"))
-    store.add(*cell("m", 128, "hf-eager", 12.0, 1.0, env="other run"))  # a second run, merged
+    store.add(*cell("m", 128, "hf-eager", 12.0, 1.0))  # a second run of the same class
     store.add(CellResult(CellKey("m", 128, "hf-static", 8, 2), "l4", INVALID, "out of memory"),
               {"device": "test"}, "env")
     rows = store.rows(latest=False)
@@ -139,7 +140,7 @@ def test_headline_bars_and_labels_come_from_the_database(tmp_path):
     assert panel["floor_ms"] == 1.0
 
     fig, ids, missing = headline(rows)
-    assert missing is None and ids == [1, 2, 3, 4]
+    assert missing is None and ids == [2, 3, 4, 5]
     (ax,) = fig.axes
     bars = [p for p in ax.patches if p.get_width() > 0]
     assert [p.get_width() for p in bars] == [11.0, 2.0, 1.5]

@@ -152,7 +152,9 @@ def test_a_database_from_before_schema_2_is_shown_and_merged_without_being_writt
 COMMITTED = Path(__file__).parents[1] / "bench" / "results" / "h200_fleet.db"
 
 
-def test_a_committed_database_reads_as_its_raw_rows_and_new_ones_share_its_tables(tmp_path):
+def test_a_committed_database_reads_as_its_raw_rows_and_new_ones_extend_its_tables(tmp_path):
+    """A database from before runs were recorded (schema 3) reads as its rows, each of no run,
+    and a new database's tables are its tables with the run's id added."""
     copy = tmp_path / "fleet.db"
     shutil.copy(COMMITTED, copy)  # a copy: even reading a WAL database may touch files beside it
     raw = sqlite3.connect(copy)
@@ -162,7 +164,7 @@ def test_a_committed_database_reads_as_its_raw_rows_and_new_ones_share_its_table
         row = dict(r)
         for k in ("samples_ms", "fingerprint", "details"):
             row[k] = json.loads(row[k])
-        expected.append(row)
+        expected.append({**row, "run_id": None})
     raw.row_factory = None
     rows = Store(copy, read_only=True).rows(latest=False)
     assert len(rows) == len(expected) > 0
@@ -171,7 +173,9 @@ def test_a_committed_database_reads_as_its_raw_rows_and_new_ones_share_its_table
     new = sqlite3.connect(tmp_path / "new.db")
     for table in ("cells", "ab_experiments", "ab_sessions", "explanations", "probes"):
         info = f"PRAGMA table_info({table})"
-        assert new.execute(info).fetchall() == raw.execute(info).fetchall()
+        old = raw.execute(info).fetchall()
+        run_id = [] if table == "ab_sessions" else [(len(old), "run_id", "INTEGER", 0, None, 0)]
+        assert new.execute(info).fetchall() == old + run_id
     index = "PRAGMA index_info(cells_by_key)"
     assert new.execute(index).fetchall() == raw.execute(index).fetchall()
 

@@ -1,3 +1,3 @@
 """floorline: batch-1 LLM decode against its memory floor."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -9,6 +9,7 @@ import os
 import random
 import re
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -31,11 +32,12 @@ from floorline.errors import FloorlineError, one_line
 from floorline.forecast import calibration
 from floorline.forecast.accuracy import LEVEL, forecast
 from floorline.hardware import CATALOGUE, lookup
-from floorline.measure import fleet
+from floorline.measure import fleet, provenance
 from floorline.measure.ab import Plan, check_plan, run_ab, run_recorded
 from floorline.measure.cell import check_floor
+from floorline.measure.energy import energy_problem
 from floorline.measure.explain import check_context, explain_into
-from floorline.measure.fingerprint import environment
+from floorline.measure.fingerprint import environment, fingerprint_key
 from floorline.measure.fleet import LOCAL_CUDA, check_cluster
 from floorline.measure.probe import check_buffer, probe_into
 from floorline.measure.quality import (
@@ -54,7 +56,7 @@ from floorline.measure.sweep import STUDY_CONTEXTS, Grid, Sweep, check_grid, def
 from floorline.models import fetch, resolve_model, shipped_models
 from floorline.models.zoo import SOURCES
 from floorline.paths import REGISTRY, parse_path, require_available, unavailable
-from floorline.records import key_steps, key_warmup
+from floorline.records import UNSTEADY, VALID, key_steps, key_warmup
 from floorline.stats import percent
 from floorline.store import COLUMNS, CellRow, QualityRow, Store, merge, quality_by_cell
 from floorline.timing import REL_WIDTH
@@ -67,6 +69,9 @@ out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, soft_wrap=True)  # messages whole, never broken at 80 columns
 
 DB_OPTION = Annotated[Path, typer.Option("--db", help="Results database (SQLite).")]
+LABEL_OPTION = Annotated[str | None, typer.Option(
+    envvar="FLOORLINE_RUN_LABEL",
+    help="A name for this run, kept with it (`floorline show --provenance` lists the runs).")]
 DEVICE_OPTION = Annotated[str | None, typer.Option(
     help="cuda, cuda:N or cpu; default: cuda if present.")]
 GPU_OPTION = Annotated[str | None, typer.Option(
@@ -388,13 +393,18 @@ def warmup_columns(details: dict) -> list[str]:
 
 
 def energy_columns(e: dict | None) -> list[str]:
-    """J/token, mean and limit watts, SM clock and temperature at start and end of timing."""
+    """J/token (with its interval over windows where there is one; "not valid" where the
+    reading failed its checks, the caption saying why), mean and limit watts, SM clock and
+    temperature at start and end of metering."""
     if e is None:
         return ["-"] * 4
     start, end = e["at_start"], e["at_end"]
     span = lambda k: ("-" if start[k] is None and end[k] is None  # noqa: E731
                       else f"{_num(start[k], 'd')}-{_num(end[k], 'd')}")
-    return [f"{e['joules_per_token']:.4g}",
+    joules = f"{e['joules_per_token']:.4g}"
+    if "joules_per_token_low" in e:
+        joules += f" ({e['joules_per_token_low']:.4g}-{e['joules_per_token_high']:.4g})"
+    return [f"not valid ({joules})" if energy_problem(e) else joules,
             f"{e['mean_watts']:.0f} ({_num(e['power_limit_w'], '.0f')})",
             span("sm_clock_mhz"), span("temperature_c")]
 
@@ -409,11 +419,44 @@ def quality_columns(row: CellRow, q: QualityRow | None) -> list[str]:
     return [RANDOM_WEIGHTS if row.details.get("real_weights") is False else "-", "-"]
 
 
+def status_label(status: str) -> str:
+    """A cell's status as the table shows it: valid plain, unsteady (figures kept, left out of
+    reports) yellow, anything else red."""
+    if status == VALID:
+        return status
+    return f"[{'yellow' if status == UNSTEADY else 'red'}]{escape(status)}[/]"
+
+
+MEASURED_MARK = "*"
+
+
+def measured_peak(row: CellRow) -> bool:
+    """Whether a cell's floor is at a bandwidth measured when it ran (a CPU's: hardware.detect),
+    not a datasheet's."""
+    source = row.details.get("peak_source") or ""
+    return source.startswith("measured") or (not source and row.gpu == "cpu")
+
+
+def measured_mark(row: CellRow) -> str:
+    return MEASURED_MARK if row.floor_ms is not None and measured_peak(row) else ""
+
+
+def measured_floor_note(rows: list[CellRow]) -> list[str]:
+    """The caption line for floors marked measured_mark: at what bandwidth."""
+    peaks = sorted({r.peak_gbps for r in rows if measured_mark(r) and r.peak_gbps})
+    if not peaks:
+        return []
+    at = f"{peaks[0]:g}" if len(peaks) == 1 else f"{peaks[0]:g}-{peaks[-1]:g}"
+    return [f"floor ms {MEASURED_MARK}: at the read bandwidth its sweep measured on this host "
+            f"({at} GB/s), not a datasheet figure; it moves with the host's load"]
+
+
 def cells_table(rows: list[CellRow], title: str, probes: dict[str, dict],
-                quality: dict[int, QualityRow] | None = None) -> Table:
+                quality: dict[int, QualityRow] | None = None, with_runs: bool = False) -> Table:
     """Cells with their fraction of the datasheet floor and, where this environment was probed,
     of the floor at the measured streaming-read bandwidth; with their quality (`quality`, by
-    cell id: quality_by_cell), or a note where every cell runs random weights."""
+    cell id: quality_by_cell), or a note where every cell runs random weights; `with_runs`:
+    each row's run first."""
     quality = quality or {}
     random_only = not quality and all(r.details.get("real_weights") is False for r in rows)
     reduced = reductions(rows)
@@ -432,19 +475,22 @@ def cells_table(rows: list[CellRow], title: str, probes: dict[str, dict],
         columns += ["J/token", "W (limit)", "SM MHz", "°C"]
     if not random_only:
         columns += ["ppl vs fp32", "KL"]
-    table = Table(*columns, "reason", title=escape(title))
+    table = Table(*(["run"] if with_runs else []), *columns, "reason", title=escape(title))
     notes = sorted({r.details["energy_note"] for r in rows if "energy_note" in r.details})
+    notes += sorted({f"{r.model} ctx {r.ctx} {r.path}: not valid, {problem}" for r in rows
+                     if "energy" in r.details and (problem := energy_problem(r.details["energy"]))})
     captions = (["energy per token: " + "; ".join(notes)] if notes else []) + (
-        [f"quality: {RANDOM_WEIGHTS}"] if random_only else [])
+        [f"quality: {RANDOM_WEIGHTS}"] if random_only else []) + measured_floor_note(rows)
     if captions:
         table.caption = escape("\n".join(captions))
     pct = lambda v: "-" if v is None else percent(v)  # noqa: E731
     for r in rows:
         spread = f"{r.p10_ms:.2f}-{r.p90_ms:.2f}" if r.p10_ms is not None else "-"
         table.add_row(
+            *([_num(r.run_id, "d")] if with_runs else []),
             escape(model_label(r.model)), str(r.ctx), escape(r.path), escape(r.gpu),
-            r.status if r.status == "valid" else f"[red]{escape(r.status)}[/red]",
-            _num(r.median_ms, ".2f"), spread, _num(r.floor_ms, ".3f"),
+            status_label(r.status),
+            _num(r.median_ms, ".2f"), spread, _num(r.floor_ms, ".3f") + measured_mark(r),
             pct(r.fraction_of_floor), pct(r.fraction_of_measured(probes)),
             _num(r.achieved_gbps, ".0f" if (r.achieved_gbps or 0) >= 100 else ".2f"),
             *([describe(reduced.get(r.id))] if reduced else []),
@@ -492,6 +538,7 @@ def sweep(
     quality_tokens: Annotated[int, typer.Option(
         help=f"Tokens of the evaluation text the quality is measured on, in windows of {WINDOW} "
              f"(`floorline quality` measures {TOKENS} by default).")] = SWEEP_TOKENS,
+    label: LABEL_OPTION = None,
 ) -> None:
     """Measure a grid of cells into the results database (bare: the study's grid, or the CPU demo)."""  # noqa: E501
     step_count = parse_count(steps, "--steps", 1)
@@ -506,15 +553,22 @@ def sweep(
                            tuple(split_list(paths, "--paths")) or default.paths), trust_remote_code)
     keys = grid.cells(key_steps(step_count, width), key_warmup(warmup_count))
     quality_keys = [] if no_quality else grid.quality(quality_tokens, WINDOW, trust_remote_code)
+    options = {"models": grid.models, "contexts": grid.contexts, "paths": grid.paths,
+               "steps": key_steps(step_count, width), "warmup": key_warmup(warmup_count),
+               "device": device, "cluster": cluster, "force": force, "seed": seed,
+               "trust_remote_code": trust_remote_code, "timeout_s": timeout_s,
+               "quality": [asdict(k) for k in quality_keys], "db": str(db)}
     if cluster is not None:
         if quality_keys:
             err.print("quality is not measured with --cluster: `floorline quality` measures it "
                       "on one machine", highlight=False, markup=False)
         return fleet_sweep(keys, db, cluster, device, gpu and lookup(gpu), force, seed,
-                           trust_remote_code, timeout_s)
+                           trust_remote_code, timeout_s, options, label)
     device_spec = resolve_gpu(gpu, device)
     runner = Sweep(Store(db), device, device_spec, force=force, seed=seed,
                    trust_remote_code=trust_remote_code, timeout_s=timeout_s)
+    runner.store.begin_run("sweep", {**options, "gpu": asdict(device_spec)}, runner.env,
+                           runner.env_key, label)
     if device == "cpu":
         err.print(f"No CUDA device: running on the CPU; floor bandwidth "
                   f"{device_spec.peak_gbps:g} GB/s {device_spec.source}", highlight=False,
@@ -531,9 +585,7 @@ def sweep(
                 skipped += 1
             else:
                 measured += 1
-                if result.reason:
-                    progress.console.print(f"invalid: {key.model} ctx={key.ctx} {key.path}: "
-                                           f"{result.reason}", highlight=False, markup=False)
+                print_cell_notes(progress.console, result, f"{key.model} ctx={key.ctx} {key.path}")
             progress.advance(task)
         for key in quality_keys:
             progress.update(task, description=escape(f"quality: {model_label(key.model)} "
@@ -544,6 +596,7 @@ def sweep(
                 progress.console.print(f"quality of {key.model} {key.path}: {result.reason}",
                                        highlight=False, markup=False)
             progress.advance(task)
+    runner.store.end_run()
     wanted = {(k.model, k.ctx, k.path, k.steps, k.warmup) for k in keys}
     rows = [r for r in runner.store.rows() if r.fingerprint_key == runner.env_key
             and (r.model, r.ctx, r.path, r.steps, r.warmup) in wanted]
@@ -553,6 +606,26 @@ def sweep(
                   + ", ".join(f"{n} {what}" for what, n in qualities.items()))
     quality_rows = [q for q in runner.store.quality_rows() if q.fingerprint_key == runner.env_key]
     out.print(cells_table(rows, title, runner.store.probes(), quality_by_cell(rows, quality_rows)))
+
+
+def begin_run(db: Path, command: str, options: dict, device: str, label: str | None) -> Store:
+    """The results database, with this invocation begun as a run in `device`'s environment."""
+    store = Store(db)
+    env = environment(device)
+    store.begin_run(command, {**options, "db": str(db)}, env, fingerprint_key(env), label)
+    return store
+
+
+def print_cell_notes(console: Console, cell, name: str) -> None:
+    """After a sweep's cell: why it is not valid (unsteady in yellow, invalid plain), and in
+    yellow the warning of a host that was busy while it ran."""
+    if cell.reason:
+        line = f"{cell.status}: {name}: {cell.reason}"
+        console.print(f"[yellow]{escape(line)}[/]" if cell.status == UNSTEADY else line,
+                      highlight=False, markup=cell.status == UNSTEADY)
+    warning = cell.details.get("host_warning")
+    if warning:
+        console.print(f"[yellow]{escape(f'busy host: {name}: {warning}')}[/]", highlight=False)
 
 
 def fleet_device(device: str | None, cluster: str) -> str:
@@ -568,11 +641,16 @@ def fleet_device(device: str | None, cluster: str) -> str:
 
 
 def fleet_sweep(keys, db: Path, cluster: str, device: str, gpu, force: bool, seed: int,
-                trust_remote_code: bool, timeout_s: float) -> None:
+                trust_remote_code: bool, timeout_s: float, options: dict,
+                label: str | None) -> None:
     """`sweep --cluster`: the cells as tasks on the cluster's workers, each committed here as
-    it ends, with the fleet's progress."""
+    it ends, with the fleet's progress. The run's provenance is this machine's code; each
+    row's environment is its worker's."""
     with fleet.Fleet(cluster) as f:
         store = Store(db)
+        driver = {"code": provenance.code(), "flags": provenance.flags(),
+                  "host": provenance.host(), "workers": "each row's environment is its worker's"}
+        store.begin_run("sweep", options, driver, fingerprint_key(driver), label)
         err.print(f"Dask scheduler {f.address}: surveying its workers with a GPU", highlight=False,
                   markup=False)
         todo, env_keys = fleet.to_measure(f, store, keys, device, gpu, force)
@@ -592,15 +670,14 @@ def fleet_sweep(keys, db: Path, cluster: str, device: str, gpu, force: bool, see
                 if current.get(worker) == key:  # else it has started its next cell
                     lines[worker] = f"({cell.gpu}) idle, {done[worker]} done"
                 env_keys.add(env_key)
-                if cell.reason:
-                    bar.console.print(f"invalid: {key.model} ctx={key.ctx} {key.path} on "
-                                      f"worker {worker}: {cell.reason}", highlight=False,
-                                      markup=False)
+                print_cell_notes(bar.console, cell,
+                                 f"{key.model} ctx={key.ctx} {key.path} on worker {worker}")
                 bar.advance(task)
 
             fleet.sweep(f, store, todo, device, gpu, seed=seed,
                         trust_remote_code=trust_remote_code, timeout_s=timeout_s,
                         on_start=on_start, on_done=on_done)
+        store.end_run()
     wanted = {(k.model, k.ctx, k.path, k.steps, k.warmup) for k in keys}
     rows = [r for r in store.rows() if r.fingerprint_key in env_keys
             and (r.model, r.ctx, r.path, r.steps, r.warmup) in wanted]
@@ -634,6 +711,7 @@ def ab(
     cluster: Annotated[str | None, typer.Option(
         help="Spread the sessions over a Dask cluster's workers, as `sweep --cluster` does "
              "(workers of one kind of GPU).")] = None,
+    label: LABEL_OPTION = None,
 ) -> None:
     """A/B of two paths over fresh sessions: speedup with a 95% BCa bootstrap interval."""
     warmup_count = parse_count(warmup, "--warmup", 0)
@@ -658,7 +736,11 @@ def ab(
             plan, env = make_plan(worker["gpu"]), worker["env"]
             fleet.check_on_worker(f, check_plan, plan)
             run = lambda on_session: fleet.ab(f, plan, on_session)  # noqa: E731
-        summary = ab_sessions(plan, run, Store(db), env)
+        store = Store(db)
+        store.begin_run("ab", {**plan.__dict__, "cluster": cluster, "db": str(db)}, env,
+                        fingerprint_key(env), label)
+        summary = ab_sessions(plan, run, store, env)
+        store.end_run()
     result = summary.as_dict()
     if as_json:
         print(json.dumps(result, indent=2))
@@ -710,13 +792,16 @@ def probe(
         min=1, help="Size of each streamed buffer, MiB.")] = 1024,
     trust_remote_code: TRUST_OPTION = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+    label: LABEL_OPTION = None,
 ) -> None:
     """Measured bandwidth and launch cost of this card, stored beside the cells."""
     device = check_device(device)
     check_buffer(device, buffer_mib)
     model_spec = resolve_model(model, trust_remote_code) if model is not None else None
-    store = Store(db)
+    store = begin_run(db, "probe", {"model": model, "device": device, "buffer_mib": buffer_mib,
+                                    "trust_remote_code": trust_remote_code}, device, label)
     results, env = probe_into(store, device, model_spec, buffer_mib)
+    store.end_run()
     if as_json:
         print(json.dumps(results, indent=2))
         return
@@ -746,6 +831,7 @@ def explain_cmd(
     gpu: GPU_OPTION = None,
     timeout: TIMEOUT_OPTION = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+    label: LABEL_OPTION = None,
 ) -> None:
     """Where each millisecond of one cell goes: kernels, busy time, gaps, time per class."""
     warmup_count = parse_count(warmup, "--warmup", 0)
@@ -755,10 +841,14 @@ def explain_cmd(
     require_available(parse_path(path), device)
     gpu_spec = resolve_gpu(gpu, device)
     check_context(model, context, path, gpu_spec, steps, warmup_count)
-    store = Store(db)
+    store = begin_run(db, "explain", {"model": model, "ctx": context, "path": path,
+                                      "steps": steps, "warmup": key_warmup(warmup_count),
+                                      "device": device, "gpu": asdict(gpu_spec),
+                                      "timeout_s": timeout_s}, device, label)
     try:
         result = explain_into(store, model, context, path, device, gpu_spec, steps,
                               warmup_count, timeout_s=timeout_s)
+        store.end_run()
     except ChildFailed as e:
         err.print(f"floorline: error: explaining {path} at ctx {context} failed: {e.reason}",
                   highlight=False, markup=False, soft_wrap=True)
@@ -864,9 +954,15 @@ def show(
     as_csv: Annotated[bool, typer.Option("--csv", help="One CSV row per cell.")] = False,
     history: Annotated[bool, typer.Option(
         "--all", help="Every row, not only each cell's newest.")] = False,
+    runs: Annotated[bool, typer.Option(
+        "--provenance", help="The runs that wrote the database: each one's command line, code "
+                             "(commit, kernel and tuning hashes), GPU and flags; the cells "
+                             "table names each row's run.")] = False,
 ) -> None:
     """The cells in the results database."""
     store = Store(db, read_only=True)
+    if runs and not (as_json or as_csv):
+        out.print(runs_table(store.runs(), str(db)))
     rows = store.rows(latest=not history, skip_damaged=True)
     quality = quality_by_cell(rows, store.quality_rows(skip_damaged=True))
     if as_json:
@@ -883,11 +979,34 @@ def show(
     elif not rows:
         out.print(f"no cells in {db}", highlight=False, markup=False)
     else:
-        out.print(cells_table(rows, str(db), store.probes(), quality))
+        out.print(cells_table(rows, str(db), store.probes(), quality, with_runs=runs))
     if store.damaged:
         more = "; ..." if len(store.damaged) > 3 else ""
         raise FloorlineError(f"{db}: {len(store.damaged)} damaged row(s) left out ("
                              + "; ".join(store.damaged[:3]) + more + ")")
+
+
+def runs_table(runs: list[dict], title: str) -> Table:
+    """One line per run: what ran, when, and the provenance that decides its class."""
+    table = Table("run", "command", "label", "started", "ended", "code", "kernels", "tuning",
+                  "gpu", "flags", "rows", title=escape(f"runs of {title}"))
+    for r in runs:
+        p = r["provenance"]
+        code = p.get("code") or {}
+        gpu = p.get("gpu") or {}
+        card = " ".join(str(x) for x in (p.get("device"), gpu.get("uuid"),
+                                         gpu.get("power_limit_w") and f"{gpu['power_limit_w']:g} W")
+                        if x)
+        merged = r["options"].get("merged_from")
+        table.add_row(str(r["id"]), escape(r["command"] + (f" from {merged}" if merged else "")),
+                      escape(r["label"] or "-"), r["started_at"], r["finished_at"] or
+                      "[yellow]did not finish[/]", escape(code.get("version", "not recorded")),
+                      code.get("kernels_sha256", "-")[:12], code.get("tuning_sha256", "-")[:12],
+                      escape(card or "-"),
+                      escape(" ".join(f"{k}={v}" for k, v in (p.get("flags") or {}).items())
+                             or "-"),
+                      ", ".join(f"{n} {t}" for t, n in r["rows"].items() if n) or "0")
+    return table
 
 
 def quality_table(rows: list[QualityRow], title: str) -> Table:
@@ -925,6 +1044,7 @@ def quality_cmd(
     seed: Annotated[int, typer.Option(min=0, max=SEED_MAX)] = 0,
     trust_remote_code: TRUST_OPTION = False,
     timeout: TIMEOUT_OPTION = None,
+    label: LABEL_OPTION = None,
 ) -> None:
     """Measure what each path's formats cost in quality, against transformers' own model of the
     same weights in float32: perplexity, KL divergence and greedy agreement."""
@@ -938,6 +1058,11 @@ def quality_cmd(
     keys = [quality_key(m, p, tokens, window) for m in names for p in dict.fromkeys(bases)]
     runner = Sweep(Store(db), device, resolve_gpu(gpu, device), force=force, seed=seed,
                    trust_remote_code=trust_remote_code, timeout_s=timeout_s)
+    runner.store.begin_run("quality", {"keys": [asdict(k) for k in keys], "device": device,
+                                       "gpu": asdict(runner.gpu), "force": force, "seed": seed,
+                                       "trust_remote_code": trust_remote_code,
+                                       "timeout_s": timeout_s, "db": str(db)},
+                           runner.env, runner.env_key, label)
     measured = 0
     with progress_bar() as progress:
         task = progress.add_task("quality", total=len(keys))
@@ -945,6 +1070,7 @@ def quality_cmd(
             progress.update(task, description=escape(f"{model_label(key.model)} {key.path}"))
             measured += runner.run_quality(key) is not None
             progress.advance(task)
+    runner.store.end_run()
     wanted = {(k.model, k.path, k.text, k.tokens, k.window) for k in keys}
     rows = [q for q in runner.store.quality_rows()
             if q.fingerprint_key == runner.env_key and q.gpu == runner.gpu.name

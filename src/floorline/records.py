@@ -8,6 +8,10 @@ from floorline.timing import StepPlan
 
 VALID = "valid"
 INVALID = "invalid"
+# Measured, its figures kept, but its steps were not steady (measure/steadiness.py): reported
+# beside the valid cells, left out of every figure, fit and headline, and measured again by the
+# next sweep (which skips only valid cells).
+UNSTEADY = "unsteady"
 AUTO = "auto"
 
 

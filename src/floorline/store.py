@@ -1,5 +1,8 @@
 """The results database: one SQLite row per measured cell, committed as each cell ends, and
-one per quality measurement of a model and path (the quality table).
+one per quality measurement of a model and path (the quality table). Each invocation that
+measures (sweep, quality, ab, explain, probe) is a run (the runs table: its command line, every
+resolved option, its provenance, when it started and ended) and every row it writes points at
+it (run_id).
 
 WAL journalling and a long busy timeout let several sweeps write one file at once; a cell is
 one INSERT in its own transaction, so a run killed at any point keeps every finished cell.
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import sys
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,7 +28,9 @@ from floorline.records import (
     QualityResult,
 )
 
-SCHEMA_VERSION = 3  # 2: A/B experiments, card probes, explanations; 3: quality
+SCHEMA_VERSION = 4  # 2: A/B experiments, card probes, explanations; 3: quality; 4: runs
+# The tables whose rows point at the run that wrote them (schema 4 added the column to each).
+RUN_TABLES = ("cells", "quality", "ab_experiments", "explanations", "probes")
 
 
 def column(sql: str, json_kind: type | None = None, **default):
@@ -86,6 +92,7 @@ class CellRow(StoredRow):
     # seed, device, peak source, compile mode ...
     details: dict = column("TEXT NOT NULL", dict, default_factory=dict)
     finished_at: str = column("TEXT NOT NULL")
+    run_id: int | None = column("INTEGER", default=None)  # None: measured before runs were kept
 
     @classmethod
     def of(cls, cell: CellResult, env: dict, env_key: str) -> CellRow:
@@ -146,6 +153,7 @@ class QualityRow(StoredRow):
     # device, seed, formats, the text's token count, per-window figures, timings
     details: dict = column("TEXT NOT NULL", dict, default_factory=dict)
     finished_at: str = column("TEXT NOT NULL")
+    run_id: int | None = column("INTEGER", default=None)
 
     @classmethod
     def of(cls, result: QualityResult, env: dict, env_key: str) -> QualityRow:
@@ -175,6 +183,16 @@ def json_columns(row_fields) -> dict:
 
 
 OTHER_TABLES = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    command TEXT NOT NULL,         -- sweep, quality, ab, explain, probe (merge: older rows)
+    label TEXT,                    -- a name the user gave the run (--label)
+    argv TEXT NOT NULL,            -- JSON list: the command line as typed
+    options TEXT NOT NULL,         -- JSON: every option as resolved
+    provenance TEXT NOT NULL,      -- JSON: the environment (measure/fingerprint.py)
+    fingerprint_key TEXT NOT NULL,
+    started_at TEXT NOT NULL, finished_at TEXT  -- NULL: the run did not end (killed)
+);
 CREATE INDEX IF NOT EXISTS cells_by_key ON cells (model, ctx, path, steps, warmup, fingerprint_key);
 CREATE TABLE IF NOT EXISTS ab_experiments (
     id INTEGER PRIMARY KEY,
@@ -183,7 +201,7 @@ CREATE TABLE IF NOT EXISTS ab_experiments (
     plan TEXT NOT NULL,            -- JSON: sessions, steps, block, warmup, seed ...
     summary TEXT,                  -- JSON, once every session has ended
     fingerprint_key TEXT NOT NULL, fingerprint TEXT NOT NULL,
-    started_at TEXT NOT NULL, finished_at TEXT
+    started_at TEXT NOT NULL, finished_at TEXT, run_id INTEGER
 );
 CREATE TABLE IF NOT EXISTS ab_sessions (
     experiment_id INTEGER NOT NULL REFERENCES ab_experiments(id),
@@ -197,7 +215,7 @@ CREATE TABLE IF NOT EXISTS explanations (
     model TEXT NOT NULL, ctx INTEGER NOT NULL, path TEXT NOT NULL, gpu TEXT NOT NULL,
     fingerprint_key TEXT NOT NULL, fingerprint TEXT NOT NULL,
     results TEXT NOT NULL,         -- JSON: decomposition and per-class times
-    finished_at TEXT NOT NULL
+    finished_at TEXT NOT NULL, run_id INTEGER
 );
 CREATE INDEX IF NOT EXISTS quality_by_key ON quality (model, path, gpu, text_sha256, tokens,
                                                    window, fingerprint_key);
@@ -205,7 +223,7 @@ CREATE TABLE IF NOT EXISTS probes (
     id INTEGER PRIMARY KEY,
     device TEXT NOT NULL, fingerprint_key TEXT NOT NULL, fingerprint TEXT NOT NULL,
     results TEXT NOT NULL,         -- JSON: each figure with its unit and method
-    finished_at TEXT NOT NULL
+    finished_at TEXT NOT NULL, run_id INTEGER
 );
 """
 
@@ -259,12 +277,48 @@ class Store:
                                      f"(schema {version}, this one reads {SCHEMA_VERSION})")
             self.db.execute("PRAGMA journal_mode = WAL")
             self.db.executescript(SCHEMA)
+            for table in RUN_TABLES:  # a database from before schema 4
+                if "run_id" not in table_columns(self.db, table):
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN run_id INTEGER")
             self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except sqlite3.DatabaseError as e:
             raise FloorlineError(f"cannot use results database {self.path}: {e}") from None
+        self.run_id: int | None = None  # the run that rows added now belong to (begin_run)
 
     def close(self) -> None:
         self.db.close()
+
+    def begin_run(self, command: str, options: dict, env: dict, env_key: str,
+                  label: str | None = None) -> int:
+        """Start a run: every row added from now on points at it. `options` holds every option
+        as resolved; the command line is this process's."""
+        self.run_id = self._insert("runs", {
+            "command": command, "label": label,
+            "argv": json.dumps(["floorline", *sys.argv[1:]]),
+            "options": json.dumps(options, sort_keys=True, default=str),
+            "provenance": json.dumps(env, sort_keys=True), "fingerprint_key": env_key,
+            "started_at": now()})
+        return self.run_id
+
+    def end_run(self) -> None:
+        """The run ended (a run killed before this keeps finished_at empty)."""
+        if self.run_id is not None:
+            self.db.execute("UPDATE runs SET finished_at=? WHERE id=?", (now(), self.run_id))
+
+    def runs(self) -> list[dict]:
+        """Every run, oldest first, its JSON columns decoded and its rows counted per table."""
+        names = ["id", "command", "label", "argv", "options", "provenance", "fingerprint_key",
+                 "started_at", "finished_at"]
+        out = []
+        for values in self._read(f"SELECT {', '.join(names)} FROM runs ORDER BY id"):
+            run = dict(zip(names, values))
+            for k, kind in (("argv", list), ("options", dict), ("provenance", dict)):
+                run[k] = self._json(run[k], "runs", run["id"], k, kind)
+            run["rows"] = {t: self._read(f"SELECT count(*) FROM {t} WHERE run_id=?",
+                                         (run["id"],))[0][0]
+                           for t in RUN_TABLES if "run_id" in table_columns(self.db, t)}
+            out.append(run)
+        return out
 
     def add(self, cell: CellResult, env: dict, env_key: str) -> int:
         row = CellRow.of(cell, env, env_key)
@@ -278,6 +332,8 @@ class Store:
         return self._insert("quality", QualityRow.of(result, env, env_key).stored())
 
     def _insert(self, table: str, row: dict) -> int:
+        if table in RUN_TABLES and row.get("run_id") is None:
+            row = {**row, "run_id": self.run_id}
         names = ", ".join(row)
         marks = ", ".join(f":{k}" for k in row)
         try:
@@ -374,14 +430,15 @@ class Store:
 
     def _rows(self, row_class, table: str, key: str, latest: bool, skip_damaged: bool) -> list:
         row_fields = fields(row_class)
-        names = [c.name for c in row_fields]
+        held = table_columns(self.db, table)  # a read-only database from before schema 4
+        names = [c.name for c in row_fields if c.name in held]
         where = (f"WHERE id IN (SELECT MAX(id) FROM {table} GROUP BY {key})" if latest else "")
         out = []
         for values in self._read(f"SELECT {', '.join(names)} FROM {table} {where} ORDER BY id"):
             row = dict(zip(names, values))
             try:
                 for k in numbers(row_fields):  # steps and warmup may hold the automatic rule
-                    if (row[k] is not None and not isinstance(row[k], (int, float))
+                    if (row.get(k) is not None and not isinstance(row[k], (int, float))
                             and not (k in ("steps", "warmup") and _is_auto(row[k]))):
                         raise FloorlineError(f"{self.path}: {table} row {row['id']}: {k} is not "
                                              f"a number but {row[k]!r} (a damaged row)")
@@ -394,6 +451,10 @@ class Store:
                 continue
             out.append(row_class(**row))
         return out
+
+
+def table_columns(db: sqlite3.Connection, table: str) -> list[str]:
+    return [r[1] for r in db.execute(f"PRAGMA table_info({table})")]
 
 
 def base_path(path: str) -> str:
@@ -412,20 +473,23 @@ def quality_by_cell(cells: list[CellRow], quality: list[QualityRow]) -> dict[int
     return {c.id: best[k] for c in cells if (k := (c.model, base_path(c.path), c.gpu)) in best}
 
 
-# What makes two rows the same result, per table (every column but the row id, and for cells
-# the details, where a merge records where the row came from).
+# What makes two rows the same result, per table (every column but the row id and its run's
+# id, which differ between databases, and for cells the details, where a merge records where
+# the row came from). The runs table comes first: a merge maps each run before its rows.
 IDENTITY = {
-    "cells": [c for c in COLUMNS if c not in ("id", "details")],
+    "runs": ["command", "label", "argv", "options", "fingerprint_key", "started_at"],
+    "cells": [c for c in COLUMNS if c not in ("id", "details", "run_id")],
     "ab_experiments": ["a", "b", "model", "ctx", "gpu", "paired", "plan", "fingerprint_key",
                        "started_at"],
     "explanations": ["model", "ctx", "path", "gpu", "fingerprint_key", "results", "finished_at"],
     "probes": ["device", "fingerprint_key", "results", "finished_at"],
-    "quality": [c for c in QUALITY_COLUMNS if c != "id"],
+    "quality": [c for c in QUALITY_COLUMNS if c not in ("id", "run_id")],
 }
 
 
 # The JSON columns a merge checks before copying a row, with the kind each holds.
 JSON_COLUMNS = {
+    "runs": {"argv": list, "options": dict, "provenance": dict},
     "cells": json_columns(CELL_FIELDS),
     "ab_experiments": {"plan": dict, "fingerprint": dict},
     "explanations": {"results": dict, "fingerprint": dict},
@@ -469,25 +533,35 @@ def _open_existing(path: Path) -> sqlite3.Connection:
 
 def merge(target: Store, sources: list[Path]) -> dict[str, dict[str, int]]:
     """Copies every row of `sources` into `target` that it does not already hold (by IDENTITY):
-    cells with `merged_from` (file name and row id) added to their details, A/B experiments
-    with their sessions. Returns {source: {table: rows copied}}; duplicates are skipped."""
+    runs, then the rows pointing at them (cells with `merged_from`, the file name and row id,
+    added to their details; A/B experiments with their sessions). Rows measured before runs
+    were recorded get a run of command "merge" per source and environment, its provenance that
+    environment, its times those of its first and last row. Returns {source: {table: rows
+    copied}}; duplicates are skipped."""
     report = {}
     for source in sources:
         src = _open_existing(Path(source))
         copied = {}
         try:
             target.db.execute("BEGIN IMMEDIATE")
+            runs = _Runs(target, Path(source).name)
             for table, identity in IDENTITY.items():
-                names = [r[1] for r in target.db.execute(f"PRAGMA table_info({table})")]
-                held = (f"SELECT 1 FROM {table} WHERE "
+                names = table_columns(target.db, table)
+                present = set(table_columns(src, table))
+                held = (f"SELECT id FROM {table} WHERE "
                         + " AND ".join(f"{c} IS :{c}" for c in identity) + " LIMIT 1")
-                cursor = src.execute(f"SELECT {', '.join(names)} FROM {table} ORDER BY id")
+                cursor = src.execute(f"SELECT {', '.join(n for n in names if n in present)} "
+                                     f"FROM {table} ORDER BY id")
                 copied[table] = 0
                 for values in cursor:
-                    row = dict(zip(names, values))
-                    if target.db.execute(held, {c: row[c] for c in identity}).fetchone():
-                        continue
+                    row = dict.fromkeys(names) | dict(zip([n for n in names if n in present],
+                                                          values))
                     old_id = row.pop("id")
+                    found = target.db.execute(held, {c: row[c] for c in identity}).fetchone()
+                    if found:
+                        if table == "runs":
+                            runs.mapped[old_id] = found[0]
+                        continue
                     parsed = {column: parse_json(row[column], f"{source}: {table} row {old_id}",
                                                  column, kind)
                               for column, kind in JSON_COLUMNS[table].items()}
@@ -495,8 +569,12 @@ def merge(target: Store, sources: list[Path]) -> dict[str, dict[str, int]]:
                         details = parsed["details"]
                         details.setdefault("merged_from", {"file": Path(source).name, "id": old_id})
                         row["details"] = json.dumps(details, sort_keys=True)
+                    if table != "runs":
+                        row["run_id"] = runs.of(row, parsed)
                     new_id = target._insert(table, row)
                     copied[table] += 1
+                    if table == "runs":
+                        runs.mapped[old_id] = new_id
                     if table == "ab_experiments":
                         _copy_sessions(src, target, old_id, new_id)
             target.db.execute("COMMIT")
@@ -510,6 +588,35 @@ def merge(target: Store, sources: list[Path]) -> dict[str, dict[str, int]]:
             src.close()
         report[str(source)] = copied
     return report
+
+
+class _Runs:
+    """A merge's runs: the source's run ids mapped to the target's, and the runs it makes for
+    rows from before runs were recorded."""
+
+    def __init__(self, target: Store, source: str):
+        self.target, self.source = target, source
+        self.mapped: dict[int, int] = {}
+        self.made: dict[str, int] = {}  # by fingerprint key
+
+    def of(self, row: dict, parsed: dict) -> int:
+        if row.get("run_id") is not None and row["run_id"] in self.mapped:
+            return self.mapped[row["run_id"]]
+        key = row["fingerprint_key"]
+        when = row.get("started_at") or row["finished_at"]
+        if key not in self.made:
+            self.made[key] = self.target._insert("runs", {
+                "command": "merge", "label": None, "argv": json.dumps([]),
+                "options": json.dumps({"merged_from": self.source, "note": (
+                    "rows measured before floorline recorded runs: their provenance is the "
+                    "environment each row recorded")}, sort_keys=True),
+                "provenance": json.dumps(parsed["fingerprint"], sort_keys=True),
+                "fingerprint_key": key, "started_at": when, "finished_at": when})
+        else:
+            self.target.db.execute(
+                "UPDATE runs SET started_at=MIN(started_at, :t), finished_at=MAX(finished_at, :t) "
+                "WHERE id=:id", {"t": when, "id": self.made[key]})
+        return self.made[key]
 
 
 def _copy_sessions(src, target: Store, old_id: int, new_id: int) -> None:

@@ -4,7 +4,6 @@ own. The measurements (measure/) and the engine's launch tuning time with these.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -20,9 +19,6 @@ WARMUP_MAX_S = 5.0  # also a cap: on a busy CPU the medians may never agree
 FIRST_STEPS = 32
 STEPS_CAP = 2048
 REL_WIDTH = 0.01  # the default relative width of the median's 95% interval
-# GPUs' energy counters advance every few tens of milliseconds, so energy is read over at least
-# this long: where the timed steps were shorter, more steps follow them for energy alone.
-ENERGY_MIN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -163,9 +159,18 @@ def warm_up(step, device: str, cap: int) -> tuple[int, bool]:
     return done, False
 
 
-def run_plan(step, device: str, plan: StepPlan, meter=None) -> Timing:
-    """Warm up and time `step` as `plan` says; `meter` measures energy over the timed steps
-    (and any run after them for energy alone: _energy_steps)."""
+def sync(device: str) -> None:
+    """Wait for the device's queued work (nothing to wait for on the CPU)."""
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def run_plan(step, device: str, plan: StepPlan, meter=None, energy_room: int = 0) -> Timing:
+    """Warm up and time `step` as `plan` says; then, with a `meter`, read its energy over
+    windows of more steps (measure/energy.py), within the positions the plan reserved and
+    warm-up and timing left unused, and `energy_room` more."""
     if plan.warmup is None:
         warmup, steady = warm_up(step, device, plan.warmup_cap)
     else:
@@ -173,31 +178,19 @@ def run_plan(step, device: str, plan: StepPlan, meter=None) -> Timing:
             step()
         warmup, steady = plan.warmup, None
     if plan.steps is not None:
-        timing = Timing(timed_batch(step, device, plan.steps, meter), warmup, steady)
+        timing = Timing(timed_batch(step, device, plan.steps), warmup, steady)
     else:
-        samples = timed_batch(step, device, min(FIRST_STEPS, plan.steps_cap), meter)
+        samples = timed_batch(step, device, min(FIRST_STEPS, plan.steps_cap))
         while True:
             iv = median_interval(samples)
             reached = iv.high - iv.low <= plan.rel_width * iv.estimate
             if reached or len(samples) >= plan.steps_cap:
                 break
             more = min(max(FIRST_STEPS // 2, len(samples) // 4), plan.steps_cap - len(samples))
-            samples += timed_batch(step, device, more, meter)
+            samples += timed_batch(step, device, more)
         timing = Timing(samples, warmup, steady, (iv.low, iv.high), reached)
     if meter:
-        tokens = len(timing.samples_ms) + _energy_steps(step, device, plan, warmup, timing, meter)
-        timing.energy = meter.result(tokens)
+        room = plan.most_warmup - warmup + plan.most_steps - len(timing.samples_ms) + energy_room
+        timing.energy = meter.metered_windows(step, lambda: sync(device),
+                                              statistics.median(timing.samples_ms) / 1e3, room)
     return timing
-
-
-def _energy_steps(step, device: str, plan: StepPlan, warmup: int, timing: Timing, meter) -> int:
-    """Steps run after the timed ones, untimed but metered, until the energy reading spans
-    ENERGY_MIN_S; only within the positions the plan reserved and warm-up and timing left
-    unused (none where both are fixed counts). How many were run."""
-    timed = len(timing.samples_ms)
-    room = plan.most_warmup - warmup + plan.most_steps - timed
-    if meter.seconds >= ENERGY_MIN_S or room <= 0 or meter.seconds <= 0:
-        return 0
-    more = min(room, math.ceil((ENERGY_MIN_S - meter.seconds) * timed / meter.seconds))
-    timed_batch(step, device, more, meter)
-    return more

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from floorline.hardware import catalogue_names
+from floorline.records import VALID
 from floorline.store import CellRow
 
 SHIPPED = "h200.json"
@@ -61,7 +62,7 @@ def from_rows(rows: list[CellRow], explanations: list[dict], probes: dict[str, d
     newest: dict[tuple, CellRow] = {}
     cpu_paths = set()
     for r in rows:
-        if r.status != "valid":
+        if r.status != VALID:  # an unsteady cell is no evidence of a term
             continue
         if r.gpu not in gpus:
             cpu_paths.add(r.path)

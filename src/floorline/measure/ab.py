@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from floorline.errors import FloorlineError
+from floorline.measure.energy import energy_problem
 from floorline.measure.fingerprint import fingerprint_key
 from floorline.measure.runner import TIMEOUT_S
 from floorline.measure.session import Job, job_budget, run_fresh, shared_base
@@ -46,6 +47,11 @@ class Plan:
         return shared_base(self.a, self.b)
 
 
+def valid_joules(e: dict | None) -> float | None:
+    """An arm's J/token where its reading passed the energy checks (measure/energy.py)."""
+    return e["joules_per_token"] if e and energy_problem(e) is None else None
+
+
 @dataclass
 class SessionResult:
     index: int
@@ -73,11 +79,11 @@ class SessionResult:
 
     @property
     def j_a(self) -> float | None:
-        return self.energy_a["joules_per_token"] if self.energy_a else None
+        return valid_joules(self.energy_a)
 
     @property
     def j_b(self) -> float | None:
-        return self.energy_b["joules_per_token"] if self.energy_b else None
+        return valid_joules(self.energy_b)
 
     @property
     def energy_ratio(self) -> float | None:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import gc
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from floorline.errors import FloorlineError, exception_line, out_of_memory
 from floorline.hardware import DeviceSpec
-from floorline.measure.energy import NO_READING, open_meter
+from floorline.measure.energy import NO_READING, POSITIONS_CAP, open_meter, positions_wanted
 from floorline.measure.fingerprint import clocks
+from floorline.measure.host import host_load, host_warning
 from floorline.measure.reduction import reference_path
+from floorline.measure.steadiness import unsteady_reason
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, PathUnavailable, open_session, parse_path, unavailable
 from floorline.paths.base import GRAPH_WARMUP_STEPS, compile_mode
-from floorline.records import INVALID, VALID, CellKey, CellResult
+from floorline.records import INVALID, UNSTEADY, VALID, CellKey, CellResult
 from floorline.stats import summarise
 from floorline.timing import StepPlan, run_plan
 from floorline.traffic import floor
@@ -37,6 +39,7 @@ class Budget:
     prompt: int  # prompt tokens
     decode: int  # the most steps run after the prompt
     graph: int  # of which the graph's warm-up before capture
+    energy: int = 0  # more steps for the energy windows (measure/energy.py), on a GPU
 
 
 def step_budget(plan: StepPlan, ctx: int, limit: int | None, *, graphs: bool, arms: int = 1,
@@ -101,6 +104,12 @@ def prepare_cell(key: CellKey, model_spec, device: str, gpu: DeviceSpec,
     except FloorlineError as e:
         cell.reason = str(e)
         return cell, None
+    if device.startswith("cuda") and not path.sized_by_capacity:
+        # room for the energy windows: what the model's positions leave, the prompt uncut
+        left = (model_spec.max_context or budget.prompt + budget.decode + POSITIONS_CAP) - (
+            budget.prompt + budget.decode)
+        budget = replace(budget, energy=max(0, min(positions_wanted(cell_floor.floor_ms), left)))
+        cell.details["positions_for_energy"] = budget.energy
     cell.details.update(prompt_tokens=budget.prompt, **budget.plan.describe())
     reason = unavailable(path_spec, device)
     if reason is not None:
@@ -112,7 +121,10 @@ def prepare_cell(key: CellKey, model_spec, device: str, gpu: DeviceSpec,
 def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
                  trust_remote_code: bool = False) -> CellResult:
     """Measure one cell (in the runner's child process): open the path, prefill, warm up, time
-    and close; every failure a user can meet comes back as an invalid cell."""
+    and close; every failure a user can meet comes back as an invalid cell, and a cell whose
+    steps were not steady (measure/steadiness.py) as an unsteady one, its figures kept. The
+    host's load at its start and end is in details["host_load"], and where the host was busy,
+    a sentence in details["host_warning"] (measure/host.py)."""
     import torch
 
     model_spec = resolve_model(key.model, trust_remote_code)
@@ -121,14 +133,17 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
         return cell
     path_spec, prompt = parse_path(key.path), budget.prompt
     session = None
+    load_start = host_load(device)
     try:
         with torch.no_grad():
-            session = open_session(path_spec, model_spec, device, prompt + budget.decode, seed)
+            session = open_session(path_spec, model_spec, device,
+                                   prompt + budget.decode + budget.energy, seed)
             session.prefill(prompt)
             cell.details.update(session.prefill_details())
             meter, note = open_meter(device)
-            timing = run_plan(session.step, device, budget.plan, meter)
+            timing = run_plan(session.step, device, budget.plan, meter, budget.energy)
             cell.details["clocks_after_timing"] = clocks(device)
+            record_load(cell, device, load_start)
         cell.samples_ms = timing.samples_ms
         first = prompt + budget.graph + timing.warmup_steps
         cell.details.update(timing.details(),
@@ -138,12 +153,24 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
         else:
             cell.details["energy_note"] = note or NO_READING
         cell.summary = asdict(summarise(cell.samples_ms))
-        cell.status = VALID
+        cell.reason = unsteady_reason(cell.details, cell.summary)
+        cell.status = VALID if cell.reason is None else UNSTEADY
     except Exception as e:  # the cell is lost, not the sweep: record why
         cell.reason = failure_reason(e, "path unavailable")
+        if "host_load" not in cell.details:
+            record_load(cell, device, load_start)
     finally:
         release(session)
     return cell
+
+
+def record_load(cell: CellResult, device: str, start: dict) -> None:
+    """The host's load at the cell's start and now, and a warning where it was busy."""
+    end = host_load(device, since=start)
+    cell.details["host_load"] = {"start": start, "end": end}
+    warning = host_warning(start, end)
+    if warning:
+        cell.details["host_warning"] = warning
 
 
 def failure_reason(e: Exception, unavailable: str) -> str:

@@ -6,6 +6,8 @@ A step's median time (timed without the profiler) splits into:
                               attention) beyond the floor
   the rest of the kernels     norms, rotary, elementwise, sampling: work the floor does not count
   launch and idle             the median less all kernel time: the device waiting on the host
+None is negative: where one would be (split_problem), explain refuses, as one line, and stores
+nothing.
 Kernel durations come from the profiler, which barely stretches them; the profiled timeline
 (first kernel start to last kernel end) is reported beside, since tracing slows the host and so
 stretches the gaps. On the CPU, "kernels" are aten operators (own time) on the host's timeline.
@@ -18,6 +20,7 @@ import os
 from collections import defaultdict
 from dataclasses import asdict
 
+from floorline.errors import FloorlineError
 from floorline.hardware import DeviceSpec
 from floorline.measure.cell import Budget, check_floor, step_budget
 from floorline.measure.fingerprint import environment, fingerprint_key
@@ -109,6 +112,24 @@ def decompose(classes: dict[str, dict], events, steps: int, median_ms: float,
     }
 
 
+def split_problem(d: dict) -> str | None:
+    """Why a decomposition (decompose()) cannot be shown: a part that came out negative, which
+    no share of a step can be. Kernels that took longer under the profiler than the whole step
+    did without it mean the host's noise moved the two measurements apart; matrix-vector and
+    attention kernels faster than the floor, that their bytes did not all come from memory."""
+    if d["launch_and_idle_ms"] < 0:
+        return (f"the host was too noisy to split the step: the profiled kernels took "
+                f"{d['kernel_ms']:.3f} ms a step, more than the step's unprofiled median of "
+                f"{d['median_ms']:.3f} ms; run it again on an idle host")
+    if d["lost_in_kernels_ms"] < 0:
+        return (f"the matrix-vector and attention kernels took "
+                f"{d['floor_ms'] + d['lost_in_kernels_ms']:.3f} ms a step, less than the floor "
+                f"of {d['floor_ms']:.3f} ms: their bytes did not all come from memory (a model "
+                f"small enough to stay in the cache), so the step cannot be split against the "
+                f"floor")
+    return None
+
+
 def budget(path: str, steps: int, warmup: int | None, ctx: int, limit: int | None) -> Budget:
     """Warm-up, the timed steps and as many profiled ones after them, within the model's
     `limit` of positions."""
@@ -160,12 +181,16 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     if not events:
         raise RuntimeError("the profiler recorded no kernels")
     classes = by_class(events, steps, {"matrix-vector": matrix_bytes, "attention": f.kv_bytes})
+    d = decompose(classes, events, steps, median, f.floor_ms)
+    problem = split_problem(d)
+    if problem:  # an error, not an explanation: nothing is stored
+        raise FloorlineError(problem)
     return {
         "model": model_spec.name, "ctx": ctx, "path": path_spec.name, "gpu": gpu.name,
         "device": device,
         "steps": steps, "warmup_steps": timing.warmup_steps, "steady": timing.steady,
         "kernels_per_step": len(events) / steps,
-        "decomposition": decompose(classes, events, steps, median, f.floor_ms),
+        "decomposition": d,
         "classes": classes,
     }
 

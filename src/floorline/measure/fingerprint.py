@@ -1,4 +1,6 @@
-"""The environment a cell was measured in. Cells are comparable when their keys match."""
+"""The environment a cell was measured in, with its provenance (measure/provenance.py). Cells
+are comparable when their keys match: the same GPU model, driver, software versions, engine
+kernels, tuning table and result-changing flags."""
 
 from __future__ import annotations
 
@@ -8,9 +10,11 @@ import platform
 
 import floorline
 from floorline.hardware import nvml_handle
+from floorline.measure import provenance
 
-# What must match for a stored cell to count as already measured; clocks are only recorded.
-KEY_FIELDS = ("device", "driver", "cuda", "torch", "transformers", "floorline")
+# What must match for a stored cell to count as already measured (with the kernel and tuning
+# hashes and the flags that change results: fingerprint_key); the rest is only recorded.
+KEY_FIELDS = ("device", "driver", "cuda", "torch", "transformers", "triton", "floorline")
 
 
 def _nvml_handle(device: str):
@@ -45,6 +49,22 @@ def _driver(device: str) -> str | None:
         return None
 
 
+def _triton() -> str | None:
+    try:
+        import triton
+    except ImportError:  # no Triton for this platform
+        return None
+    return triton.__version__
+
+
+def _gpu(device: str) -> dict:
+    try:
+        nvml, handle = _nvml_handle(device)
+    except Exception:
+        return {}
+    return provenance.gpu(nvml, handle)
+
+
 def environment(device: str) -> dict:
     import torch
     import transformers
@@ -54,11 +74,16 @@ def environment(device: str) -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "triton": _triton(),
         "cuda": torch.version.cuda,
+        "code": provenance.code(),
+        "flags": provenance.flags(),
+        "host": provenance.host(),
     }
     if device.startswith("cuda"):
         env["device"] = torch.cuda.get_device_name(torch.device(device).index or 0)
         env["driver"] = _driver(device)
+        env["gpu"] = _gpu(device)
     else:
         env.update(device=f"cpu: {platform.processor() or platform.machine()}", driver=None,
                    cuda=None)
@@ -67,5 +92,12 @@ def environment(device: str) -> dict:
 
 
 def fingerprint_key(env: dict) -> str:
+    """The key of `env`'s provenance class. An environment recorded before provenance was (no
+    "code") keys on its versions alone, as it did then."""
     stable = {k: env.get(k) for k in KEY_FIELDS}
+    if "code" in env:
+        stable.update(kernels=env["code"]["kernels_sha256"], tuning=env["code"]["tuning_sha256"],
+                      flags=provenance.keyed_flags(env.get("flags", {})))
+    else:
+        stable = {k: v for k, v in stable.items() if k != "triton"}
     return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]

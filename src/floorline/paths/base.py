@@ -86,6 +86,10 @@ class DecodePath(ABC):
     """A path: one way of running a model's decode step (a runtime, its weight and KV formats)."""
 
     facts: PathFacts
+    # Whether a step may cost more in a session opened with room for more positions (a static
+    # cache that attention reads whole does): a cell then opens it with no more room than its
+    # timing needs, and meters energy within what timing leaves.
+    sized_by_capacity = True
 
     @property
     def name(self) -> str:

@@ -68,6 +68,8 @@ class EngineSession(Session):
 
 
 class EnginePath(DecodePath):
+    sized_by_capacity = False  # attention reads the cache up to the step's position only
+
     def __init__(self, weights: str = "bf16", head: str = "bf16", kv: str = "bf16"):
         self.weights, self.head, self.kv = weights, head, kv
         # The name and the floor's formats follow from the engine's own formats; a quantised

@@ -14,6 +14,7 @@ from floorline.forecast.accuracy import coverage, leave_one_out
 from floorline.forecast.calibration import from_rows
 from floorline.forecast.published import study_check
 from floorline.measure.quality import describe as describe_quality
+from floorline.records import VALID
 from floorline.report import figures
 from floorline.report.headline import headline
 from floorline.store import Store, quality_by_cell
@@ -131,8 +132,8 @@ def build_report(db: Path, out: Path) -> dict:
     quality = store.quality_rows()
     matched = quality_by_cell(sources["cells"], quality)
     sources["quality"] = [(c, matched[c.id]) for c in sources["cells"]
-                          if c.status == "valid" and c.id in matched
-                          and matched[c.id].status == "valid"]
+                          if c.status == VALID and c.id in matched
+                          and matched[c.id].status == VALID]
     out.mkdir(parents=True, exist_ok=True)
     html_parts, md_parts, written = [], [], {"figures": [], "missing": []}
     title = f"floorline report: {db.name}"

@@ -11,8 +11,10 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogFormatter, PercentFormatter  # noqa: E402
 
 from floorline.hardware import lookup  # noqa: E402
+from floorline.measure.energy import energy_problem  # noqa: E402
 from floorline.measure.reduction import reductions  # noqa: E402
 from floorline.models import resolve_model  # noqa: E402
+from floorline.records import VALID  # noqa: E402
 from floorline.stats import percent  # noqa: E402
 from floorline.study import study  # noqa: E402
 from floorline.traffic import WEIGHT_FORMATS, floor  # noqa: E402
@@ -25,7 +27,7 @@ NO_CELLS = "There are no valid cells yet: `floorline sweep` measures them."
 
 
 def _valid(cells):
-    return [c for c in cells if c.status == "valid"]
+    return [c for c in cells if c.status == VALID]  # unsteady cells are not drawn
 
 
 def _log_range(values):
@@ -192,15 +194,17 @@ def decomposition(explanations):
     return fig, [e["id"] for e in explanations], None
 
 
-NO_ENERGY = ("No cell here has its energy per token: `floorline sweep` measures it on an NVIDIA "
-             "GPU whose driver reports energy or power (NVML); a CPU's cells are not metered.")
+NO_ENERGY = ("No cell here has a valid energy per token: `floorline sweep` measures it on an "
+             "NVIDIA GPU whose driver reports energy or power (NVML), and keeps a reading whose "
+             "error is bounded under 1%; a CPU's cells are not metered.")
 
 
 def energy_vs_time(cells):
     """Joules per token against ms per token (batch 1: one token a step): a colour per path, a
     marker per model, each path's contexts for one model joined in order of context; log axes,
     since both span the paths' tenfold range."""
-    cells = [c for c in _valid(cells) if c.details.get("energy")]
+    cells = [c for c in _valid(cells)
+             if c.details.get("energy") and energy_problem(c.details["energy"]) is None]
     if not cells:
         return None, [], NO_ENERGY
     fig, ax = plt.subplots(figsize=(7.5, 5))
@@ -220,7 +224,7 @@ def energy_vs_time(cells):
     ax.set(xscale="log", yscale="log", xlim=_log_range([c.median_ms for c in cells]),
            ylim=_log_range([c.details["energy"]["joules_per_token"] for c in cells]),
            xlabel="ms/token (median of the timed steps)",
-           ylabel="J/token (GPU energy over the timed steps)",
+           ylabel="J/token (GPU energy over windows after the timed steps)",
            title="Energy per token against time per token (lines: one path and model, "
                  "contexts in order)")
     ax.title.set_fontsize(9)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from statistics import median
 
 from floorline.report.figures import NO_CELLS, plt
+from floorline.report.quotes import provenance_class, steady
 from floorline.stats import percent
 from floorline.store import CellRow
 from floorline.traffic import WEIGHT_FORMATS
@@ -21,19 +22,22 @@ def is_quantised(weight_format: str) -> bool:
 
 def ladder(cells: list[CellRow]) -> list[dict]:
     """The figure's numbers: one panel per (model, GPU, context), one bar per path, slowest
-    first. A path measured more than once (several runs merged into one database) is drawn at
-    the median of its runs, each run kept in `runs`. A bar's fraction is its own floor (that of
-    its weight format) over its ms/step; the panel's `floor_ms` is the floor of its 16-bit
-    bars, None when it has only quantised ones."""
+    first. A path measured more than once is drawn at the median of its runs in the class of
+    its newest (report/quotes.py: the same code and environment), each run kept in `runs`;
+    unsteady runs are left out. A bar's fraction is its own floor (that of its weight format)
+    over its ms/step; the panel's `floor_ms` is the floor of its 16-bit bars, None when it
+    has only quantised ones."""
     groups: dict[tuple, dict[str, list[CellRow]]] = {}
     for c in cells:
-        if c.status == "valid" and c.median_ms and c.floor_ms:
+        if steady(c) and c.median_ms and c.floor_ms:
             by_path = groups.setdefault((c.model, c.gpu, c.ctx), {})
             by_path.setdefault(c.path, []).append(c)
     panels = []
     for (model, gpu, ctx), paths in sorted(groups.items()):
         bars = []
         for path, runs in paths.items():
+            newest = provenance_class(max(runs, key=lambda r: r.id))
+            runs = [r for r in runs if provenance_class(r) == newest]
             ms, floor_ms = median(r.median_ms for r in runs), median(r.floor_ms for r in runs)
             bars.append({"path": path, "ms": ms, "floor_ms": floor_ms, "fraction": floor_ms / ms,
                          "quantised": is_quantised(runs[0].weight_format),

@@ -1,0 +1,124 @@
+"""The README's and the docs' quoted figures, generated from the committed databases: each
+figure the median over every run of its cell in one provenance class, with its range and N, or
+marked as one run (floorline.report.quotes).
+
+    python bench/quote_tables.py           # say which blocks differ from the data (exit 1)
+    python bench/quote_tables.py --write   # rewrite them
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from floorline.report.quotes import joules_per_token, mismatches, ms, of_floor, quote, render
+from floorline.stats import percent
+from floorline.store import Store
+
+ROOT = Path(__file__).parents[1]
+RESULTS = ROOT / "bench" / "results"
+DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "results-h200.md")
+# The headline: Qwen2.5-7B at ctx 2048 on the H200, every path in one table. Each path is
+# quoted from the first database that holds a valid run of it.
+HEADLINE = ("qwen2.5-7b", 2048)
+HEADLINE_PATHS = ("hf-eager", "hf-static+graphs", "hf-static+compile+graphs", "llamacpp-bf16",
+                  "engine", "engine-fp8", "engine-int4", "engine-int4-fp8head", "llamacpp-q4_0")
+HEADLINE_SOURCES = ("h200_engine_runs.db", "h200_engine_quant.db", "h200_engine_energy.db",
+                    "h200.db")
+
+
+def rows_of(name: str, results: Path):
+    store = Store(results / name, read_only=True)
+    try:
+        return store.rows(latest=False), store.runs()
+    finally:
+        store.close()
+
+
+def describe_class(runs: list[dict], quoted: list) -> str:
+    """The code a class of runs timed: the commit (or the source hash) and the kernels' hash;
+    for rows from before runs were recorded, when they were measured."""
+    ids_runs = {r.run_id for r in quoted}
+    facts = {f"a run of {r.finished_at[:10]}, before provenance was recorded" for r in quoted
+             if r.run_id is None}
+    for run in runs:
+        if run["id"] not in ids_runs:
+            continue
+        code = run["provenance"].get("code")
+        if code is None:
+            facts.add(f"an older run ({run['options'].get('merged_from', 'no provenance')})")
+        else:
+            commit = (code["commit"] or "")[:12] or f"source {code['source_sha256'][:12]}"
+            facts.add(f"commit {commit}{' (modified)' if code['dirty'] else ''}, kernels "
+                      f"{code['kernels_sha256'][:12]}")
+    return "; ".join(sorted(facts))
+
+
+def headline(results: Path = RESULTS) -> str:
+    model, ctx = HEADLINE
+    lines = ["| path | ms/step | of the floor | J/token | from |", "|---|---|---|---|---|"]
+    for path in HEADLINE_PATHS:
+        for source in HEADLINE_SOURCES:
+            rows, runs = rows_of(source, results)
+            step = quote(rows, model, ctx, path, ms)
+            if step is None:
+                continue
+            fraction = quote(rows, model, ctx, path, of_floor, step.klass)
+            energy = quote(rows, model, ctx, path, joules_per_token, step.klass)
+            quoted = [r for r in rows if r.id in step.ids]
+            lines.append(f"| {path} | {step.text('.2f')} | {percent(fraction.value)} | "
+                         f"{energy.text('.2f') if energy else '-'} | "
+                         f"{describe_class(runs, quoted)} |")
+            break
+        else:
+            lines.append(f"| {path} | no steady run | | | |")
+    return "\n".join(lines) + "\n"
+
+
+def energy_check(results: Path = RESULTS) -> str:
+    """The energy counter's cross-check (bench/energy_check.py): per window length, J/token
+    read on the counter's updates against the power readings and the naive edges."""
+    d = json.loads((results / "h200_energy_check.json").read_text())
+    lines = [f"The counter of the {d['gpu']} updated every {d['busy']['update_period_ms']:.0f} ms "
+             f"under decode and {d['idle']['update_period_ms']:.0f} ms idle ({d['model']}, ctx "
+             f"{d['ctx']}, the engine's step {d['step_ms']:.2f} ms; one run, each length three "
+             "windows in turn, later windows at later positions):", "",
+             "| window read at its edges | J/token there (3 windows) | highest W there "
+             "| window aligned on updates | J/token there (3 windows) | counter W "
+             "| power readings W | bound |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in d["by_window"]:
+        a, naive = row["aligned"], row["naive"]
+        j = [w["joules_per_token"] for w in a["windows"]]
+        nj = [n["joules_per_token"] for n in naive]
+        sampled = f"{a['sampled_watts']:.0f}" if a["sampled_watts"] else "none inside"
+        seconds = a["seconds"] / len(a["windows"])
+        lines.append(f"| {row['window_s']:g} s | {min(nj):.3f}-{max(nj):.3f} | "
+                     f"{max(n['mean_watts'] for n in naive):.0f} | {seconds:.2f} s | "
+                     f"{min(j):.3f}-{max(j):.3f} | {a['mean_watts']:.0f} | {sampled} | "
+                     f"{a['error_bound']:.2%} |")
+    return "\n".join(lines) + "\n"
+
+
+def blocks(results: Path = RESULTS) -> dict[str, str]:
+    return {"headline": headline(results), "energy-check": energy_check(results)}
+
+
+def main(argv: list[str]) -> int:
+    made = blocks()
+    wrong = []
+    for doc in DOCUMENTS:
+        text = doc.read_text()
+        if "--write" in argv:
+            doc.write_text(render(text, made))
+        else:
+            wrong += [f"{doc.relative_to(ROOT)}: {m}" for m in mismatches(text, made)
+                      if "is missing" not in m or doc.name == "README.md"]
+    for line in wrong:
+        print(line)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

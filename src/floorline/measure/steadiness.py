@@ -1,0 +1,77 @@
+"""Whether a cell's timed steps are steady enough to report as its figures.
+
+Three bounds, each chosen from the cells committed under bench/results/ (201 distinct valid GPU
+cells measured on H200s, 6 on a CPU). Where the GPU runs a step's kernels back to back (the
+engine's paths, CUDA graphs, llama.cpp: 158 cells) the worst drift was 0.90 and the worst spread
+0.11, both from cells timed after only 8 warm-up steps; the paths that launch each kernel from
+Python (hf-eager, hf-static and the quantised paths without +graphs: 43 cells) time the host as
+much as the GPU, and on a busy host drifted from 0.63 to 1.81 and spread up to 0.75. The bounds
+flag 13 of those 43 and none of the 158 (nor any of the 315 such cells in every version of those
+databases in the repository's history, whose worst were a drift of 1.12 and a spread of 0.20);
+a CPU demo on a loaded host stored 0.74 ms with p10-p90 0.59-225 ms and a drift of 261, which
+both bounds flag.
+"""
+
+from __future__ import annotations
+
+from floorline.timing import TOLERANCE, WINDOW
+
+# Drift: the median of the last quarter of the timed steps over that of the first
+# (timing.drift). A step 25% slower by the end of its timing than at its start, or 20% faster,
+# has no single time: outside 1/MAX_DRIFT .. MAX_DRIFT (0.8 .. 1.25) the cell is unsteady.
+MAX_DRIFT = 1.25
+# Spread: (p90 - p10) / median. Above this the middle 80% of the steps spans more than half the
+# median: the host interrupted the steps often enough that the median depends on when it did.
+MAX_SPREAD = 0.5
+# Drift and spread are judged on at least this many timed steps (quarters of 8; `--steps auto`
+# times at least 32, a sweep 64 by default): in fewer, one slow step moves a quarter's median or
+# the p10-p90, and they say nothing about the host.
+MIN_STEPS = 32
+# The automatic warm-up's own rule (timing.warm_up): two windows of steps whose medians agree
+# within TOLERANCE before its cap; details["steady"] is False where they never did (None: a
+# fixed --warmup, which asserts nothing). Except where the model's positions cut that cap to
+# two windows (StepPlan.within, near the model's limit): one comparison, of a cold window with
+# the next, which three ctx 131072 engine cells in this repository's history failed before
+# timing with drift within 1.2% and spread under 3%. There the drift and spread bounds decide.
+
+AGAIN = ("Measure it again on an idle host: the next `floorline sweep` measures it again "
+         "(`--force` would re-measure the valid cells too)")
+
+
+def spread(summary: dict) -> float | None:
+    """(p90 - p10) / median of a cell's summary; None without one."""
+    median, p10, p90 = (summary.get(k) for k in ("median_ms", "p10_ms", "p90_ms"))
+    if not median or median <= 0 or p10 is None or p90 is None:
+        return None
+    return (p90 - p10) / median
+
+
+def unsteady_reason(details: dict, summary: dict | None) -> str | None:
+    """Why a timed cell is not steady enough to report (its timing's details: Timing.details();
+    its summary: stats.summarise), each bound that failed with its figures and what to do; None
+    where every bound holds."""
+    failed, longer_warmup = [], False
+    cap = (details.get("warmup_rule") or {}).get("cap")
+    if details.get("steady") is False and not (cap is not None and cap <= 2 * WINDOW):
+        limit = (f" ({cap} steps or {details['warmup_rule'].get('cap_s'):g} s)"
+                 if cap is not None and details["warmup_rule"].get("cap_s") else "")
+        failed.append(f"the automatic warm-up stopped at its cap{limit} after "
+                      f"{details.get('warmup_steps')} steps, no two windows of {WINDOW} steps "
+                      f"agreeing within {TOLERANCE:.0%}")
+        longer_warmup = True
+    n = (summary or {}).get("n") or details.get("timed_steps") or 0
+    d = details.get("drift") if n >= MIN_STEPS else None
+    if d is not None and (d > MAX_DRIFT or d < 1 / MAX_DRIFT):
+        failed.append(f"its last quarter of timed steps took {d:.3g}x the first quarter's "
+                      f"median (drift {d:.3f}, bound {1 / MAX_DRIFT:.2f}-{MAX_DRIFT:.2f})")
+        longer_warmup = longer_warmup or d < 1  # still getting faster: not yet warm
+    s = spread(summary or {}) if n >= MIN_STEPS else None
+    if s is not None and s > MAX_SPREAD:
+        failed.append(f"its p10-p90 {summary['p10_ms']:.3g}-{summary['p90_ms']:.3g} ms spans "
+                      f"{s:.0%} of its median {summary['median_ms']:.3g} ms (bound "
+                      f"{MAX_SPREAD:.0%})")
+    if not failed:
+        return None
+    warmup = (f", or with a fixed, longer warm-up (`--warmup N`, N above "
+              f"{details.get('warmup_steps')})" if longer_warmup else "")
+    return f"{'; '.join(failed)}. {AGAIN}{warmup}."

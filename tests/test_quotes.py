@@ -1,0 +1,82 @@
+"""Quoting a figure: the median over the runs of one provenance class with its range and N, or
+one run said as such; the documents' quoted blocks are what the committed data gives."""
+
+import importlib.util
+from pathlib import Path
+
+from floorline.records import UNSTEADY, VALID, CellKey, CellResult
+from floorline.report.quotes import joules_per_token, mismatches, quote, render
+from floorline.store import Store
+
+ROOT = Path(__file__).parents[1]
+
+
+def quote_tables():
+    script = ROOT / "bench" / "quote_tables.py"
+    spec = importlib.util.spec_from_file_location("quote_tables", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def add(store, ms, env_key, code=True, status=VALID, energy=None):
+    key = CellKey("m", 2048, "engine", 64, "auto")
+    details = {"energy": energy} if energy else {}
+    store.add(CellResult(key, "h200", status, None, [ms] * 4,
+                         {"median_ms": ms, "p10_ms": ms, "p90_ms": ms, "mean_ms": ms, "n": 4},
+                         {"floor_ms": 3.0, "total_bytes": 10**6, "weight_bytes": 9 * 10**5,
+                          "kv_bytes": 10**5, "peak_gbps": 1.0, "weight_format": "bf16",
+                          "kv_dtype": "bf16"}, details),
+              {"device": "h200", **({"code": {}} if code else {})}, env_key)
+
+
+def test_the_median_over_runs_of_the_newest_class_with_range_and_n(tmp_path):
+    store = Store(tmp_path / "r.db")
+    add(store, 3.50, "old-kernels")
+    for ms in (3.90, 3.82, 3.87, 3.88, 3.86):
+        add(store, ms, "new-kernels")
+    add(store, 2.0, "new-kernels", status=UNSTEADY)  # never quoted
+    rows = store.rows(latest=False)
+    q = quote(rows, "m", 2048, "engine")
+    assert (q.value, q.low, q.high, q.n, q.klass) == (3.87, 3.82, 3.90, 5, "new-kernels")
+    assert q.text(".2f", " ms") == "3.87 ms (median of 5 runs, 3.82-3.90)"
+    old = quote(rows, "m", 2048, "engine", klass="old-kernels")
+    assert old.text(".2f", " ms") == "3.50 ms (one run)"
+    assert quote(rows, "m", 4096, "engine") is None
+
+
+def test_rows_from_before_provenance_are_each_run_their_own_class(tmp_path):
+    store = Store(tmp_path / "r.db")
+    store.begin_run("merge", {}, {}, "same-versions")
+    add(store, 3.5, "same-versions", code=False)
+    store.begin_run("merge", {}, {}, "same-versions")
+    add(store, 3.9, "same-versions", code=False)
+    q = quote(store.rows(latest=False), "m", 2048, "engine")
+    assert q.n == 1 and q.value == 3.9  # kernels unknown: not pooled with the other run
+
+
+def test_energy_is_quoted_only_where_the_reading_is_valid(tmp_path):
+    store = Store(tmp_path / "r.db")
+    reading = {"joules_per_token": 2.4, "mean_watts": 600, "power_limit_w": 700,
+               "error_bound": 0.003}
+    add(store, 3.9, "k", energy=reading)
+    add(store, 3.9, "k", energy={**reading, "joules_per_token": 3.2, "mean_watts": 877})
+    add(store, 3.9, "k", energy={"joules_per_token": 2.0, "mean_watts": 600})  # no bound
+    q = quote(store.rows(latest=False), "m", 2048, "engine", joules_per_token)
+    assert q.n == 1 and q.value == 2.4
+
+
+def test_a_planted_mismatch_in_a_quoted_block_is_found():
+    text = "intro\n<!-- quoted: t -->\n| a | 1.00 |\n<!-- /quoted -->\nend\n"
+    assert mismatches(text, {"t": "| a | 1.00 |\n"}) == []
+    planted = text.replace("1.00", "1.01")
+    assert mismatches(planted, {"t": "| a | 1.00 |\n"}) == ["block 't' differs from the data"]
+    assert render(planted, {"t": "| a | 1.00 |\n"}) == text
+    assert mismatches("no blocks", {"t": "x\n"}) == ["block 't' is missing"]
+
+
+def test_the_documents_quote_what_the_committed_data_gives():
+    made = quote_tables().blocks()
+    for doc in (ROOT / "README.md", ROOT / "docs" / "results-h200.md"):
+        assert [m for m in mismatches(doc.read_text(), made) if "missing" not in m] == [], doc
+    assert mismatches((ROOT / "README.md").read_text(), made) == []
