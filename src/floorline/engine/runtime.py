@@ -69,6 +69,7 @@ class Engine:
         self.group_size = wdown.group_size if isinstance(wdown, Int4Weight) else None
         self.head = format_of(decoder_weights.head)
         self.graph = None
+        self.graphs: dict[tuple, object] = {}  # other samplers' captured steps (use_sampler)
         self.filled = 0  # tokens in the cache, kept on the host too: a step past the end is refused
 
     @property
@@ -87,10 +88,22 @@ class Engine:
     def logits(self) -> torch.Tensor:
         return self.decoder.logits
 
-    def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
-        logits = self.decoder.prefill(tokens.to(self.device).view(-1))
+    def prefill(self, tokens: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        """The prompt `tokens` into the cache, from position `keep` (Decoder.prefill)."""
+        logits = self.decoder.prefill(tokens.to(self.device).view(-1), keep=keep)
         self.filled = tokens.numel()
         return logits
+
+    def use_sampler(self, sampler: Sampler) -> None:
+        """Sample with `sampler` from the next step on. On CUDA each sampler's step is captured
+        once (its temperature and top-p are part of the graph) and kept for when it is used
+        again."""
+        key = (sampler.temperature, sampler.top_p)
+        if key == (self.sampler.temperature, self.sampler.top_p):
+            return
+        self.graphs[(self.sampler.temperature, self.sampler.top_p)] = self.graph
+        self.sampler = self.decoder.sampler = sampler
+        self.graph = self.graphs.pop(key, None)
 
     def _room(self) -> None:
         if self.filled >= self.decoder.capacity:
@@ -129,4 +142,5 @@ class Engine:
 
     def close(self) -> None:
         self.graph = None
+        self.graphs = {}
         self.decoder = None
