@@ -57,10 +57,10 @@ def describe_class(runs: list[dict], quoted: list) -> str:
 
 def headline(results: Path = RESULTS) -> str:
     model, ctx = HEADLINE
+    sources = [rows_of(source, results) for source in HEADLINE_SOURCES]
     lines = ["| path | ms/step | of the floor | J/token | from |", "|---|---|---|---|---|"]
     for path in HEADLINE_PATHS:
-        for source in HEADLINE_SOURCES:
-            rows, runs = rows_of(source, results)
+        for rows, runs in sources:
             step = quote(rows, model, ctx, path, ms)
             if step is None:
                 continue

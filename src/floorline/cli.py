@@ -608,12 +608,14 @@ def sweep(
     out.print(cells_table(rows, title, runner.store.probes(), quality_by_cell(rows, quality_rows)))
 
 
-def begin_run(db: Path, command: str, options: dict, device: str, label: str | None) -> Store:
-    """The results database, with this invocation begun as a run in `device`'s environment."""
+def begin_run(db: Path, command: str, options: dict, device: str,
+              label: str | None) -> tuple[Store, dict]:
+    """The results database, with this invocation begun as a run in `device`'s environment;
+    and that environment, which the run's rows are stored with."""
     store = Store(db)
     env = environment(device)
     store.begin_run(command, {**options, "db": str(db)}, env, fingerprint_key(env), label)
-    return store
+    return store, env
 
 
 def print_cell_notes(console: Console, cell, name: str) -> None:
@@ -798,9 +800,10 @@ def probe(
     device = check_device(device)
     check_buffer(device, buffer_mib)
     model_spec = resolve_model(model, trust_remote_code) if model is not None else None
-    store = begin_run(db, "probe", {"model": model, "device": device, "buffer_mib": buffer_mib,
-                                    "trust_remote_code": trust_remote_code}, device, label)
-    results, env = probe_into(store, device, model_spec, buffer_mib)
+    store, env = begin_run(db, "probe", {"model": model, "device": device,
+                                         "buffer_mib": buffer_mib,
+                                         "trust_remote_code": trust_remote_code}, device, label)
+    results = probe_into(store, device, env, model_spec, buffer_mib)
     store.end_run()
     if as_json:
         print(json.dumps(results, indent=2))
@@ -841,12 +844,12 @@ def explain_cmd(
     require_available(parse_path(path), device)
     gpu_spec = resolve_gpu(gpu, device)
     check_context(model, context, path, gpu_spec, steps, warmup_count)
-    store = begin_run(db, "explain", {"model": model, "ctx": context, "path": path,
-                                      "steps": steps, "warmup": key_warmup(warmup_count),
-                                      "device": device, "gpu": asdict(gpu_spec),
-                                      "timeout_s": timeout_s}, device, label)
+    store, env = begin_run(db, "explain", {"model": model, "ctx": context, "path": path,
+                                           "steps": steps, "warmup": key_warmup(warmup_count),
+                                           "device": device, "gpu": asdict(gpu_spec),
+                                           "timeout_s": timeout_s}, device, label)
     try:
-        result = explain_into(store, model, context, path, device, gpu_spec, steps,
+        result = explain_into(store, env, model, context, path, device, gpu_spec, steps,
                               warmup_count, timeout_s=timeout_s)
         store.end_run()
     except ChildFailed as e:

@@ -309,6 +309,7 @@ class Store:
         """Every run, oldest first, its JSON columns decoded and its rows counted per table."""
         names = ["id", "command", "label", "argv", "options", "provenance", "fingerprint_key",
                  "started_at", "finished_at"]
+        tables = [t for t in RUN_TABLES if "run_id" in table_columns(self.db, t)]
         out = []
         for values in self._read(f"SELECT {', '.join(names)} FROM runs ORDER BY id"):
             run = dict(zip(names, values))
@@ -316,7 +317,7 @@ class Store:
                 run[k] = self._json(run[k], "runs", run["id"], k, kind)
             run["rows"] = {t: self._read(f"SELECT count(*) FROM {t} WHERE run_id=?",
                                          (run["id"],))[0][0]
-                           for t in RUN_TABLES if "run_id" in table_columns(self.db, t)}
+                           for t in tables}
             out.append(run)
         return out
 

@@ -256,11 +256,7 @@ class EnergyMeter:
             sync()
             done, closed = steps, None
             last = time.perf_counter()
-            while closed is None and done < steps + tail:
-                found = [c for c in reader.changes[-8:] if c[0] > last]
-                if found:
-                    closed = found[0]
-                    break
+            while done < steps + tail and (closed := reader.update_after(last, 0)) is None:
                 step()
                 sync()
                 done += 1

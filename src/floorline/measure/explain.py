@@ -23,7 +23,7 @@ from dataclasses import asdict
 from floorline.errors import FloorlineError
 from floorline.hardware import DeviceSpec
 from floorline.measure.cell import Budget, check_floor, step_budget
-from floorline.measure.fingerprint import environment, fingerprint_key
+from floorline.measure.fingerprint import fingerprint_key
 from floorline.measure.runner import TIMEOUT_S, run_in_child
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, open_session, parse_path
@@ -210,12 +210,12 @@ def explain_in_child(model_name: str, ctx: int, path: str, device: str, gpu: Dev
                         timeout_s)
 
 
-def explain_into(store: Store, model_name: str, ctx: int, path: str, device: str,
+def explain_into(store: Store, env: dict, model_name: str, ctx: int, path: str, device: str,
                  gpu: DeviceSpec, steps: int = 16, warmup: int | None = None,
                  timeout_s: float = TIMEOUT_S) -> dict:
-    """explain_in_child, its result stored beside the cells of this environment."""
+    """explain_in_child, its result stored beside the cells of environment `env`
+    (fingerprint.environment)."""
     result = explain_in_child(model_name, ctx, path, device, gpu, steps, warmup,
                               timeout_s=timeout_s)
-    env = environment(device)
     store.add_explanation(result, env, fingerprint_key(env))
     return result

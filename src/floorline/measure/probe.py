@@ -12,7 +12,7 @@ import statistics
 import time
 
 from floorline.errors import FloorlineError
-from floorline.measure.fingerprint import environment, fingerprint_key
+from floorline.measure.fingerprint import fingerprint_key
 from floorline.store import Store
 from floorline.timing import l2_bytes, time_steps
 from floorline.traffic import count_parameters
@@ -155,12 +155,11 @@ def probe(device: str, model_spec=None, buffer_mib: int = 1024, budget_mib: int 
     return results
 
 
-def probe_into(store: Store, device: str, model_spec=None,
-               buffer_mib: int = 1024) -> tuple[dict, dict]:
-    """The probe of `device` (probe()), stored beside the cells of its environment: (its
-    figures, the environment)."""
+def probe_into(store: Store, device: str, env: dict, model_spec=None,
+               buffer_mib: int = 1024) -> dict:
+    """The probe of `device` (probe()), stored beside the cells of its environment `env`
+    (fingerprint.environment): its figures."""
     results = probe(device, model_spec, buffer_mib=buffer_mib,
                     budget_mib=max(8 * buffer_mib, 2048))
-    env = environment(device)
     store.add_probe(device, results, env, fingerprint_key(env))
-    return results, env
+    return results

@@ -7,7 +7,7 @@ from __future__ import annotations
 from statistics import median
 
 from floorline.report.figures import NO_CELLS, plt
-from floorline.report.quotes import provenance_class, steady
+from floorline.report.quotes import one_class, steady
 from floorline.stats import percent
 from floorline.store import CellRow
 from floorline.traffic import WEIGHT_FORMATS
@@ -36,8 +36,7 @@ def ladder(cells: list[CellRow]) -> list[dict]:
     for (model, gpu, ctx), paths in sorted(groups.items()):
         bars = []
         for path, runs in paths.items():
-            newest = provenance_class(max(runs, key=lambda r: r.id))
-            runs = [r for r in runs if provenance_class(r) == newest]
+            _, runs = one_class(runs)
             ms, floor_ms = median(r.median_ms for r in runs), median(r.floor_ms for r in runs)
             bars.append({"path": path, "ms": ms, "floor_ms": floor_ms, "fraction": floor_ms / ms,
                          "quantised": is_quantised(runs[0].weight_format),

@@ -55,6 +55,13 @@ class Quote:
         return f"{value} (median of {self.n} runs, {self.low:{fmt}}-{self.high:{fmt}})"
 
 
+def one_class(runs: list[CellRow], klass: str | None = None) -> tuple[str, list[CellRow]]:
+    """The runs of class `klass`, by default that of the newest run, with the class."""
+    if klass is None:
+        klass = provenance_class(max(runs, key=lambda r: r.id))
+    return klass, [r for r in runs if provenance_class(r) == klass]
+
+
 def steady(row: CellRow) -> bool:
     """Valid and steady by today's rule (measure/steadiness.py), which rows stored before it
     was made never met."""
@@ -72,9 +79,7 @@ def quote(rows: list[CellRow], model: str, ctx: int, path: str,
             and figure(r) is not None]
     if not runs:
         return None
-    if klass is None:
-        klass = provenance_class(max(runs, key=lambda r: r.id))
-    runs = [r for r in runs if provenance_class(r) == klass]
+    klass, runs = one_class(runs, klass)
     if not runs:
         return None
     values = [figure(r) for r in runs]

@@ -129,6 +129,7 @@ class Model:
         self.cached: list[int] = []  # the tokens whose keys and values the cache holds
         self.lock = threading.Lock()
         self.last_report: Report | None = None
+        self.last_token_ids: list[int] = []  # the last request's new tokens
         if self.cuda:  # the greedy step captured now, so that no request pays for it
             self.engine.prefill(torch.tensor([0, 0]))
             self.engine.capture()
@@ -187,7 +188,7 @@ class Model:
     def complete(self, prompt: str | list[dict], **options) -> Completion:
         """The whole reply (stream()'s options)."""
         text = "".join(self.stream(prompt, **options))
-        return Completion(text, self._ids, self.last_report)
+        return Completion(text, self.last_token_ids, self.last_report)
 
     def _run(self, prompt_ids, max_tokens, stops, stop_ids, sampler, seed, cancelled, started):
         e = self.engine
@@ -233,7 +234,7 @@ class Model:
         finish = finish or "cancelled"
         # The cache holds the prompt and every new token but the last, which no step has read.
         self.cached = prompt_ids + ids[:-1]
-        self._ids = ids
+        self.last_token_ids = ids
         steps = len(ids) - 1
         ms = decode_s * 1e3 / steps if steps else None
         fraction = None

@@ -26,6 +26,8 @@ from starlette.routing import Route
 from floorline.serve.api import Model, RequestError
 
 MAX_STOPS = 4  # as OpenAI's API allows
+JSON_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array",
+              dict: "object"}
 DONE = object()
 
 
@@ -52,9 +54,7 @@ def field(body: dict, name: str, kinds: tuple, default=None, check: Callable | N
     value = body[name]
     numeric = any(k in (int, float) for k in kinds)
     if not isinstance(value, kinds) or (numeric and isinstance(value, bool)):
-        names = " or ".join(k.__name__.replace("str", "string").replace("dict", "object")
-                            .replace("list", "array").replace("float", "number")
-                            .replace("int", "integer").replace("bool", "boolean") for k in kinds)
+        names = " or ".join(JSON_NAMES[k] for k in kinds)
         raise BadRequest(400, f"'{name}' must be {names}, not {json.dumps(value)[:40]}",
                          param=name)
     if isinstance(value, float) and not math.isfinite(value):
