@@ -88,7 +88,7 @@ def test_q4_0_blocks_decode_as_ggml_defines_them():
 def test_llama_cpp_decodes_both_formats_and_reports_the_reduction(model_dir, tmp_path):
     db = tmp_path / "r.db"
     run_cli("sweep", "--db", db, "--models", model_dir, "--ctx", "32", "--paths",
-            "llamacpp-bf16,llamacpp-q4_0", "--steps", "4", "--gpu", "l4",
+            "llamacpp-bf16,llamacpp-q4_0", "--steps", "4", "--warmup", "2", "--gpu", "l4",
             check=True, env={"FLOORLINE_CACHE": str(tmp_path / "cache")})
     shown = json.loads(run_cli("show", "--db", db, "--json", check=True).stdout)
     cells = {c["path"]: c for c in shown}

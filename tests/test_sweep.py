@@ -54,7 +54,7 @@ def test_sweep_end_to_end(tmp_path):
 def test_resume_skips_valid_cells_and_force_remeasures(tmp_path):
     db = tmp_path / "r.db"
     args = ("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "16,32", "--steps", "3",
-            "--paths", "hf-eager,hf-static+graphs", "--gpu", GPU)
+            "--warmup", "2", "--paths", "hf-eager,hf-static+graphs", "--gpu", GPU)
     run_cli(*args, check=True)
     first = {c["id"] for c in rows(db)}
     again = run_cli(*args, check=True)
@@ -85,13 +85,17 @@ def test_a_killed_sweep_keeps_its_cells_and_resumes(tmp_path):
     proc.wait()
     kept = rows(db)
     assert 2 <= len(kept) < 8, "the sweep should die halfway"
-    assert all(c["status"] == "valid" and len(c["samples_ms"]) == 60 for c in kept)
+    # 60 timed steps are judged for steadiness: on a busy host a kept cell may be unsteady,
+    # which the resumed sweep measures again; either way its samples were all kept.
+    assert all(c["status"] in ("valid", "unsteady") and len(c["samples_ms"]) == 60
+               for c in kept)
     assert sqlite3.connect(db).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     resumed = run_cli(*args[3:], check=True)
-    assert f"{8 - len(kept)} measured, {len(kept)} already valid" in resumed.stdout
+    valid = {c["id"] for c in kept if c["status"] == "valid"}
+    assert f"{8 - len(valid)} measured, {len(valid)} already valid" in resumed.stdout
     final = rows(db)
     assert sorted(c["ctx"] for c in final) == [int(c) for c in contexts.split(",")]
-    assert {c["id"] for c in kept} <= {c["id"] for c in final}
+    assert valid <= {c["id"] for c in final}
 
 
 def test_two_sweeps_on_one_database_lose_nothing(tmp_path):
