@@ -116,3 +116,20 @@ def test_ab_bad_input(tmp_path):
                    "--ctx", "16", "--db", tmp_path / "r.db", "--gpu", "l4")
     assert proc.returncode == 2 and "+graphs needs a CUDA device" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("command, line", [
+    (("ab", "--a", "hf-static", "--b", "hf-static", "--sessions", "2"),
+     "no session of hf-static vs hf-static succeeded (2 tried): timed out after 1 s"),
+    (("explain", "--path", "hf-eager"),
+     "explaining hf-eager at ctx 16 failed: timed out after 1 s"),
+], ids=["ab", "explain"])
+def test_a_command_whose_every_measurement_failed_exits_1_in_one_line(tmp_path, command, line):
+    # 1 s is too short for a child to import torch: every session, or the one explanation,
+    # times out.
+    db = tmp_path / "r.db"
+    proc = run_cli(*command, "--model", "tiny-llama", "--ctx", "16", "--timeout", "1",
+                   "--device", "cpu", "--gpu", "l4", "--db", db)
+    assert proc.returncode == 1 and proc.stdout == "", proc.stderr
+    assert proc.stderr.splitlines()[-1] == f"floorline: error: {line}", proc.stderr
+    assert proc.stderr.count("floorline: error:") == 1 and "Traceback" not in proc.stderr

@@ -373,7 +373,9 @@ def break_template(directory):
     ("config-disagrees", "'model.layers.0.mlp.gate_proj.weight' has shape [128, 64], where the "
                          "config makes it [256, 64]"),
     ("no-head", "no tensor 'lm_head.weight'"),
-    ("vocab", "the tokenizer has 64 tokens, more than the model's vocab_size of 32"),
+    ("vocab", "the tokenizer's ids run to 63, past the model's vocab_size of 32"),
+    # as many tokens as the model's vocabulary, but one id far past it
+    ("vocab-gap", "the tokenizer's ids run to 5000, past the model's vocab_size of 64"),
     ("template", "its chat template cannot be applied"),
     ("generation-config-list", "generation_config.json must hold a JSON object"),
     ("generation-config-eos", "generation_config.json: eos_token_id must be a token id"),
@@ -399,6 +401,11 @@ def test_generate_refuses_damaged_checkpoints(tmp_path, checkpoint, case, fragme
         edit_tensors(directory, drop_head)
     elif case == "vocab":
         edit_json(directory / "config.json", vocab_size=32)
+    elif case == "vocab-gap":
+        data = json.loads((directory / "tokenizer.json").read_text())
+        vocab = data["model"]["vocab"]
+        vocab[max(vocab, key=vocab.get)] = 5000
+        (directory / "tokenizer.json").write_text(json.dumps(data))
     elif case == "template":
         break_template(directory)
     elif case == "generation-config-list":

@@ -173,3 +173,14 @@ def test_ab_refuses_a_fleet_of_mixed_gpus():
     assert str(e.value) == ("an A/B compares sessions on one kind of GPU and environment, and the "
                             "workers at tcp://10.0.0.1:8786 have 2 (h200, l4): give it workers "
                             "of one kind")
+
+
+def test_a_workers_address_is_refused_as_not_the_scheduler(cluster):
+    from floorline.errors import FloorlineError
+    from floorline.measure import fleet
+
+    worker = next(iter(cluster.scheduler.workers))
+    with pytest.raises(FloorlineError) as e:
+        fleet.Fleet(worker)
+    assert str(e.value) == (f"{worker} is a Dask Worker, not a scheduler: give the scheduler's "
+                            "address")

@@ -203,3 +203,71 @@ def test_a_bad_timeout_is_one_line(tmp_path, command, value):
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert f"--timeout must be from 1 to 1000000 seconds, got {float(value):g}" in lines[0]
     assert not (tmp_path / "r.db").exists()
+
+
+def marked(mark: str) -> list[int]:
+    """The live processes whose environment holds `mark` (what a process started inherits)."""
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if mark.encode() in environ.read_bytes().split(b"\0"):
+                pids.append(int(environ.parent.name))
+        except OSError:  # gone, or not ours
+            continue
+    return [p for p in pids if not gone(p)]
+
+
+def runner_children(pid: int) -> list[int]:
+    """The children of `pid` that run the runner's child (not yet while only forked)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(") ", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if ppid == pid and b"floorline.measure.runner" in command:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_sweep_killed_as_its_cell_starts_leaves_no_process(tmp_path, sig):
+    # Killed while its child is still starting (importing torch): the child goes with it, not
+    # at the end of its cell.
+    mark = f"FLOORLINE_TEST_MARK={tmp_path.name}-{sig.name}"
+    name, value = mark.split("=")
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "floorline", "sweep", "--db", str(tmp_path / "r.db"), "--models",
+         "tiny-llama", "--ctx", "16", "--paths", "hf-eager", "--steps", "64", "--device", "cpu",
+         "--gpu", "l4"],
+        env={**os.environ, name: value}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not runner_children(sweep.pid):
+        assert sweep.poll() is None and time.monotonic() < deadline
+        time.sleep(0.005)
+    sweep.send_signal(sig)
+    assert sweep.wait() == -sig
+    deadline = time.monotonic() + 3
+    while marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marked(mark) == []
+
+
+@pytest.mark.parametrize("command", [
+    ("sweep", "--models", "tiny-llama", "--ctx", "16", "--paths", "hf-eager"),
+    ("ab", "--a", "hf-eager", "--b", "hf-static", "--model", "tiny-llama", "--ctx", "16"),
+    ("explain", "--model", "tiny-llama", "--ctx", "16", "--path", "hf-eager"),
+], ids=["sweep", "ab", "explain"])
+def test_a_child_that_cannot_start_stops_the_command_in_one_line(tmp_path, command):
+    python = tmp_path / "python"
+    python.write_text("")  # not executable
+    floorline = ("import sys; from floorline.measure import runner; "
+                 "runner.CHILD[0] = sys.argv.pop(1); from floorline.cli import main; main()")
+    proc = subprocess.run([sys.executable, "-c", floorline, str(python), *command, "--device",
+                           "cpu", "--gpu", "l4", "--db", str(tmp_path / "r.db")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.splitlines()[-1:] == [
+        f"floorline: error: cannot start the measuring process {python}: Permission denied"
+    ], proc.stderr
+    assert "Traceback" not in proc.stderr and stored(tmp_path / "r.db") == []

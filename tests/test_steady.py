@@ -1,6 +1,7 @@
 """Steady state before timing and `--steps auto`, on synthetic steps whose durations a fake
 clock sets, so that every count below follows from arithmetic."""
 
+import json
 import math
 
 import numpy as np
@@ -9,6 +10,7 @@ from scipy.stats import binom
 
 from conftest import run_cli
 from floorline import timing
+from floorline.measure.steadiness import unsteady_reason
 from floorline.stats import median_interval
 from floorline.timing import StepPlan, drift, run_plan
 
@@ -130,6 +132,41 @@ def test_steps_auto_stops_at_its_cap(clock):
     assert len(t.samples_ms) == 200 and t.width_reached is False
 
 
+def test_a_width_not_reached_is_an_unsteady_cell_saying_so(tmp_path):
+    # At ctx 1900 tiny-llama's 2048 positions leave room for 148 steps: the cap, reached long
+    # before an interval 1e-9 of the median.
+    db = tmp_path / "r.db"
+    proc = run_cli("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "1900", "--paths",
+                   "hf-eager", "--steps", "auto", "--rel-width", "1e-9", "--warmup", "0",
+                   "--device", "cpu", "--gpu", "l4", check=True)
+    assert "unsteady: tiny-llama ctx=1900 hf-eager: --steps auto stopped" in proc.stderr
+    [cell] = json.loads(run_cli("show", "--db", db, "--json", check=True).stdout)
+    low, high = cell["details"]["median_ci_ms"]
+    assert cell["status"] == "unsteady" and cell["details"]["width_reached"] is False
+    assert cell["reason"].startswith(
+        f"--steps auto stopped at its cap of 148 timed steps with the median's 95% interval at "
+        f"{low:.3g}-{high:.3g} ms, {(high - low) / cell['median_ms']:.3g} of the median "
+        f"{cell['median_ms']:.3g} ms, wider than the --rel-width 1e-09 asked")
+    assert "or with a wider --rel-width" in cell["reason"]
+    assert "unsteady" in run_cli("show", "--db", db, check=True).stdout
+
+
+def test_why_a_cell_whose_width_was_not_reached_is_not_valid():
+    details = {"width_reached": False, "median_ci_ms": [6.0, 9.8], "timed_steps": 2032,
+               "steps_rule": {"rel_width": 1e-9, "cap": 2032}, "drift": 1.0}
+    summary = {"n": 2032, "median_ms": 7.6, "p10_ms": 7.0, "p90_ms": 8.0}
+    assert unsteady_reason(details, summary) == (
+        "--steps auto stopped at its cap of 2032 timed steps with the median's 95% interval at "
+        "6-9.8 ms, 0.5 of the median 7.6 ms, wider than the --rel-width 1e-09 asked. Measure it "
+        "again on an idle host: the next `floorline sweep` measures it again (`--force` would "
+        "re-measure the valid cells too), or with a wider --rel-width.")
+    drifted = unsteady_reason({**details, "drift": 2.0}, summary)
+    assert "asked; its last quarter of timed steps took 2x" in drifted
+    assert drifted.count("Measure it again") == 1
+    assert drifted.endswith("valid cells too), or with a wider --rel-width.")
+    assert unsteady_reason({**details, "width_reached": True}, summary) is None
+
+
 def test_steps_auto_on_identical_steps_stops_at_the_first_batch(clock):
     c = clock(lambda k: 3.0)
     t = run_plan(c.step, "cpu", StepPlan(0, None))
@@ -160,6 +197,9 @@ def test_plan_caps_shrink_to_the_positions_left():
     (("--steps", "auto", "--rel-width", "1.5"), "--rel-width must be above 0 and below 1"),
     (("--steps", "auto", "--rel-width", "nan"), "--rel-width must be above 0 and below 1"),
     (("--steps", "64", "--rel-width", "0.01"), "--rel-width applies only with --steps auto"),
+    # the cell's key keeps 6 digits: this would be measured, and skipped, as 0.5
+    (("--steps", "auto", "--rel-width", "0.5000001"),
+     "--rel-width takes at most 6 significant digits, got 0.5000001"),
 ])
 def test_bad_step_options_are_one_line(tmp_path, args, message):
     proc = run_cli("sweep", "--db", tmp_path / "r.db", "--models", "tiny-llama", "--ctx", "16",

@@ -189,3 +189,72 @@ def test_the_fraction_of_the_measured_floor_comes_from_the_environments_probe(tm
     # 300 MB moved at a measured 300 GB/s takes 1 ms; the step's median is 2 ms
     assert probed.fraction_of_measured(store.probes()) == pytest.approx(0.5)
     assert unprobed.fraction_of_measured(store.probes()) is None
+
+
+def measured(path, ab=False):
+    """A database of two measured cells (and an A/B experiment of one session)."""
+    store = Store(path)
+    store.add(cell(8), {"torch": "x"}, "env-a")
+    store.add(cell(16), {"torch": "x"}, "env-a")
+    if ab:
+        experiment = store.start_ab({"a": "p", "b": "q", "model": "m", "ctx": 8, "gpu": "l4",
+                                     "paired": True}, {"torch": "x"}, "env-a")
+        store.add_ab_session(experiment, Session(0))
+    store.close()
+    return path
+
+
+def edit(path, *statements):
+    db = sqlite3.connect(path)
+    db.executescript(";".join(statements))
+    db.close()
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ("total_bytes = -5, floor_ms = -1", "cells row 2: valid with floor_ms -1.0, total_bytes -5"),
+    ("median_ms = 0", "cells row 2: valid with median_ms 0.0"),
+    ("median_ms = 'fast'", "cells row 2: median_ms is not a number but 'fast'"),
+    ("status = 'unsteady', median_ms = -2", "cells row 2: unsteady with median_ms -2.0"),
+])
+def test_a_merge_checks_every_row_and_writes_nothing_where_one_fails(tmp_path, cli, change,
+                                                                     fragment):
+    good, bad = measured(tmp_path / "good.db"), measured(tmp_path / "bad.db")
+    edit(bad, f"UPDATE cells SET {change} WHERE id = 2")
+    out = tmp_path / "out.db"
+    proc = cli("merge", out, good, bad)  # the first source is sound: all or nothing
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith(f"floorline: error: {bad}: {fragment}")
+    assert proc.stderr.endswith("; nothing was merged\n")
+    assert not list(tmp_path.glob("out.db*"))  # the target it made is gone
+    measured(out)  # a target that was there keeps its rows
+    before = Store(out, read_only=True).rows(latest=False)
+    assert cli("merge", out, good, bad).returncode == 2
+    assert Store(out, read_only=True).rows(latest=False) == before
+
+
+def test_a_merge_refuses_a_column_the_target_lacks_and_fills_one_only_the_target_has(tmp_path,
+                                                                                      cli):
+    source = measured(tmp_path / "in.db", ab=True)
+    extra = measured(tmp_path / "extra.db")
+    edit(extra, "ALTER TABLE cells ADD COLUMN note TEXT")
+    out = tmp_path / "out.db"
+    proc = cli("merge", out, extra)
+    assert proc.returncode == 2 and proc.stderr == (
+        f"floorline: error: {extra}: cells has column(s) note that {out} lacks, so merging would "
+        "drop their values; nothing was merged\n")
+    # the target's own columns take their defaults, and a write it refuses names the target
+    Store(out).close()
+    edit(out, "ALTER TABLE cells ADD COLUMN note TEXT NOT NULL DEFAULT 'mine'",
+         "ALTER TABLE ab_sessions ADD COLUMN tag TEXT")
+    assert "2 cells, 1 ab experiments" in cli("merge", out, source, check=True).stdout
+    assert sqlite3.connect(out).execute("SELECT note FROM cells").fetchall() == [("mine",)] * 2
+    strict = tmp_path / "strict.db"
+    Store(strict).close()
+    edit(strict, "DROP TABLE ab_sessions", "CREATE TABLE ab_sessions (experiment_id INTEGER, "
+         "idx INTEGER, status TEXT, reason TEXT, first_arm TEXT, ms_a REAL, ms_b REAL, "
+         "ratio REAL, samples_a TEXT, samples_b TEXT, finished_at TEXT, tag TEXT NOT NULL)")
+    proc = cli("merge", strict, source)
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        f"floorline: error: cannot write to results database {strict}: NOT NULL constraint "
+        "failed: ab_sessions.tag")
+    assert Store(strict, read_only=True).rows() == []  # rolled back, and kept: it was there

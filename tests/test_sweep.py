@@ -66,21 +66,25 @@ def test_resume_skips_valid_cells_and_force_remeasures(tmp_path):
     assert len(history) == 4 + 2 + 4 and first < {c["id"] for c in history}
 
 
-def test_a_killed_sweep_keeps_its_cells_and_resumes(tmp_path):
-    db = tmp_path / "r.db"
-    contexts = "16,24,32,40,48,56,64,72"
-    args = [sys.executable, "-m", "floorline", "sweep", "--db", str(db), "--models", "tiny-llama",
-            "--ctx", contexts, "--paths", "hf-eager", "--steps", "60", "--gpu", GPU]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    done = 0
-    while time.time() < deadline and done < 2:
+def wait_for_cells(db, n: int, timeout_s: float = 120) -> None:
+    """Until the database holds `n` cells (a sweep commits each as it ends)."""
+    deadline, done = time.time() + timeout_s, 0
+    while time.time() < deadline and done < n:
         time.sleep(0.2)
         if db.exists():
             try:
                 done = sqlite3.connect(db).execute("SELECT COUNT(*) FROM cells").fetchone()[0]
             except sqlite3.OperationalError:
                 pass
+
+
+def test_a_killed_sweep_keeps_its_cells_and_resumes(tmp_path):
+    db = tmp_path / "r.db"
+    contexts = "16,24,32,40,48,56,64,72"
+    args = [sys.executable, "-m", "floorline", "sweep", "--db", str(db), "--models", "tiny-llama",
+            "--ctx", contexts, "--paths", "hf-eager", "--steps", "60", "--gpu", GPU]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for_cells(db, 2)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     kept = rows(db)
@@ -96,6 +100,39 @@ def test_a_killed_sweep_keeps_its_cells_and_resumes(tmp_path):
     final = rows(db)
     assert sorted(c["ctx"] for c in final) == [int(c) for c in contexts.split(",")]
     assert valid <= {c["id"] for c in final}
+
+
+def test_ctrl_c_ends_a_sweep_in_one_line_keeping_its_cells(tmp_path):
+    db = tmp_path / "r.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "floorline", "sweep", "--db", str(db), "--models", "tiny-llama",
+         "--ctx", "16,24,32,40,48,56", "--paths", "hf-eager", "--steps", "8", "--warmup", "2",
+         "--gpu", GPU], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for_cells(db, 1)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert stderr.splitlines()[-1] == ("floorline: interrupted; every finished cell is in the "
+                                       "database"), stderr
+    kept = rows(db)
+    assert 1 <= len(kept) < 6 and all(len(c["samples_ms"]) == 8 for c in kept)
+
+
+def test_ctrl_c_ends_generate_in_one_line(monkeypatch):
+    from typer.testing import CliRunner
+
+    from floorline import cli
+    from floorline.engine import generate
+
+    def interrupted(*args, on_text, **kwargs):
+        on_text("w1 w2")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(generate, "generate", interrupted)
+    result = CliRunner().invoke(cli.app, ["generate", "--model", "m", "--prompt", "p",
+                                          "--device", "cpu", "--gpu", GPU])
+    assert result.exit_code == 130
+    assert result.stdout == "w1 w2\n"  # the text so far, its line ended
+    assert result.stderr == "floorline: interrupted; generation stopped\n"
 
 
 def test_two_sweeps_on_one_database_lose_nothing(tmp_path):

@@ -11,6 +11,7 @@ one INSERT in its own transaction, so a run killed at any point keeps every fini
 from __future__ import annotations
 
 import json
+import math
 import re
 import sqlite3
 import sys
@@ -242,6 +243,35 @@ def _is_auto(value) -> bool:
     return isinstance(value, str) and (value == "auto" or value.startswith("auto:"))
 
 
+def check_numbers(row: dict, columns, where: str) -> None:
+    """One line naming the row where one of its numeric `columns` holds something else (steps
+    and warmup may hold the automatic rule)."""
+    for k in columns:
+        value = row.get(k)
+        if (value is not None and not isinstance(value, (int, float))
+                and not (k in ("steps", "warmup") and _is_auto(value))):
+            raise FloorlineError(f"{where}: {k} is not a number but {value!r} (a damaged row)")
+
+
+def cell_problem(row: dict) -> str | None:
+    """The figures of a cells row that no measured cell has, or None: a median that is not a
+    positive number (every figure read from it divides by it), and for a valid cell a floor or
+    byte count that is not."""
+    figures = (("median_ms", "floor_ms", "weight_bytes", "kv_bytes", "total_bytes")
+               if row.get("status") == VALID else ("median_ms",))
+    bad = [f"{k} {row[k]!r}" for k in figures
+           if row.get(k) is not None and not 0 < row[k] < math.inf]
+    return ", ".join(bad) or None
+
+
+def check_cell(row: dict, where: str) -> None:
+    """One line naming a cells row whose figures no measured cell has (cell_problem)."""
+    problem = cell_problem(row)
+    if problem:
+        raise FloorlineError(f"{where}: {row['status']} with {problem}, which no measured cell "
+                             "has (a damaged row)")
+
+
 def parse_json(text, where: str, column: str, kind=dict):
     """A JSON column's value; one line naming the row where it is not valid JSON of `kind`."""
     try:
@@ -265,25 +295,45 @@ class Store:
         shown and reported on."""
         self.path = Path(path)
         self.damaged: list[str] = []  # rows that rows(skip_damaged=True) left out, and why
+        self.made = False  # whether this Store made the file (merge removes one left empty)
         if read_only:
-            self.db = _open_existing(self.path)
+            self._db = _open_existing(self.path)
             return
+        self._db = self._create()
+        self.run_id: int | None = None  # the run that rows added now belong to (begin_run)
+
+    def _create(self) -> sqlite3.Connection:
+        """The database at `path`, made if absent, its schema brought up to this version."""
+        self.made = not self.path.exists()
         try:
-            self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-            self.db.execute("PRAGMA busy_timeout = 60000")
-            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            db.execute("PRAGMA busy_timeout = 60000")
+            version = db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise FloorlineError(f"{self.path} was written by a newer floorline "
                                      f"(schema {version}, this one reads {SCHEMA_VERSION})")
-            self.db.execute("PRAGMA journal_mode = WAL")
-            self.db.executescript(SCHEMA)
+            db.execute("PRAGMA journal_mode = WAL")
+            db.executescript(SCHEMA)
             for table in RUN_TABLES:  # a database from before schema 4
-                if "run_id" not in table_columns(self.db, table):
-                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN run_id INTEGER")
-            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                if "run_id" not in table_columns(db, table):
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN run_id INTEGER")
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except sqlite3.DatabaseError as e:
             raise FloorlineError(f"cannot use results database {self.path}: {e}") from None
-        self.run_id: int | None = None  # the run that rows added now belong to (begin_run)
+        return db
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:  # removed (remove), and used again
+            self._db = self._create()
+        return self._db
+
+    def remove(self) -> None:
+        """Closes and deletes the file (a failed merge's new target)."""
+        self.close()
+        self._db = None
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{self.path}{suffix}").unlink(missing_ok=True)
 
     def close(self) -> None:
         self.db.close()
@@ -322,12 +372,11 @@ class Store:
         return out
 
     def add(self, cell: CellResult, env: dict, env_key: str) -> int:
-        row = CellRow.of(cell, env, env_key)
-        if cell.status == VALID and any(v is not None and v <= 0 for v in
-                                        (row.weight_bytes, row.kv_bytes, row.total_bytes)):
-            raise ValueError(f"a cell whose floor bytes are not positive is never valid: "
-                             f"{cell.floor}")
-        return self._insert("cells", row.stored())
+        row = CellRow.of(cell, env, env_key).stored()
+        problem = cell_problem(row)
+        if problem:
+            raise ValueError(f"a cell with {problem} is never {cell.status}")
+        return self._insert("cells", row)
 
     def add_quality(self, result: QualityResult, env: dict, env_key: str) -> int:
         return self._insert("quality", QualityRow.of(result, env, env_key).stored())
@@ -337,8 +386,12 @@ class Store:
             row = {**row, "run_id": self.run_id}
         names = ", ".join(row)
         marks = ", ".join(f":{k}" for k in row)
+        return self._write(f"INSERT INTO {table} ({names}) VALUES ({marks})", row).lastrowid
+
+    def _write(self, sql: str, params=()) -> sqlite3.Cursor:
+        """A statement that writes; one line naming the file where it fails."""
         try:
-            return self.db.execute(f"INSERT INTO {table} ({names}) VALUES ({marks})", row).lastrowid
+            return self.db.execute(sql, params)
         except (sqlite3.DatabaseError, OverflowError) as e:
             raise FloorlineError(f"cannot write to results database {self.path}: {e}") from None
 
@@ -438,11 +491,7 @@ class Store:
         for values in self._read(f"SELECT {', '.join(names)} FROM {table} {where} ORDER BY id"):
             row = dict(zip(names, values))
             try:
-                for k in numbers(row_fields):  # steps and warmup may hold the automatic rule
-                    if (row.get(k) is not None and not isinstance(row[k], (int, float))
-                            and not (k in ("steps", "warmup") and _is_auto(row[k]))):
-                        raise FloorlineError(f"{self.path}: {table} row {row['id']}: {k} is not "
-                                             f"a number but {row[k]!r} (a damaged row)")
+                check_numbers(row, numbers(row_fields), f"{self.path}: {table} row {row['id']}")
                 for k, kind in json_columns(row_fields).items():
                     row[k] = self._json(row[k], table, row["id"], k, kind)
             except FloorlineError as e:
@@ -488,7 +537,8 @@ IDENTITY = {
 }
 
 
-# The JSON columns a merge checks before copying a row, with the kind each holds.
+# The columns a merge checks before copying a row: JSON ones, with the kind each holds, and
+# numeric ones (SQLite would store any value in them).
 JSON_COLUMNS = {
     "runs": {"argv": list, "options": dict, "provenance": dict},
     "cells": json_columns(CELL_FIELDS),
@@ -496,6 +546,14 @@ JSON_COLUMNS = {
     "explanations": {"results": dict, "fingerprint": dict},
     "probes": {"results": dict, "fingerprint": dict},
     "quality": json_columns(QUALITY_FIELDS),
+}
+NUMBER_COLUMNS = {
+    "runs": (),
+    "cells": numbers(CELL_FIELDS),
+    "ab_experiments": ("ctx", "paired", "run_id"),
+    "explanations": ("ctx", "run_id"),
+    "probes": ("run_id",),
+    "quality": numbers(QUALITY_FIELDS),
 }
 
 
@@ -537,58 +595,88 @@ def merge(target: Store, sources: list[Path]) -> dict[str, dict[str, int]]:
     runs, then the rows pointing at them (cells with `merged_from`, the file name and row id,
     added to their details; A/B experiments with their sessions). Rows measured before runs
     were recorded get a run of command "merge" per source and environment, its provenance that
-    environment, its times those of its first and last row. Returns {source: {table: rows
-    copied}}; duplicates are skipped."""
-    report = {}
-    for source in sources:
-        src = _open_existing(Path(source))
-        copied = {}
-        try:
-            target.db.execute("BEGIN IMMEDIATE")
-            runs = _Runs(target, Path(source).name)
-            for table, identity in IDENTITY.items():
-                names = table_columns(target.db, table)
-                present = set(table_columns(src, table))
-                held = (f"SELECT id FROM {table} WHERE "
-                        + " AND ".join(f"{c} IS :{c}" for c in identity) + " LIMIT 1")
-                cursor = src.execute(f"SELECT {', '.join(n for n in names if n in present)} "
-                                     f"FROM {table} ORDER BY id")
-                copied[table] = 0
-                for values in cursor:
-                    row = dict.fromkeys(names) | dict(zip([n for n in names if n in present],
-                                                          values))
-                    old_id = row.pop("id")
-                    found = target.db.execute(held, {c: row[c] for c in identity}).fetchone()
-                    if found:
-                        if table == "runs":
-                            runs.mapped[old_id] = found[0]
-                        continue
-                    parsed = {column: parse_json(row[column], f"{source}: {table} row {old_id}",
-                                                 column, kind)
-                              for column, kind in JSON_COLUMNS[table].items()}
-                    if table == "cells":
-                        details = parsed["details"]
-                        details.setdefault("merged_from", {"file": Path(source).name, "id": old_id})
-                        row["details"] = json.dumps(details, sort_keys=True)
-                    if table != "runs":
-                        row["run_id"] = runs.of(row, parsed)
-                    new_id = target._insert(table, row)
-                    copied[table] += 1
-                    if table == "runs":
-                        runs.mapped[old_id] = new_id
-                    if table == "ab_experiments":
-                        _copy_sessions(src, target, old_id, new_id)
-            target.db.execute("COMMIT")
-        except sqlite3.DatabaseError as e:  # a damaged source (a target write error is one line)
-            target.db.execute("ROLLBACK")
-            raise FloorlineError(f"cannot read results database {source}: {e}") from None
-        except BaseException:
-            target.db.execute("ROLLBACK")
-            raise
-        finally:
-            src.close()
-        report[str(source)] = copied
+    environment, its times those of its first and last row. Every row is checked as a measured
+    one is before it is written. All or nothing: one transaction over every source, so that a
+    source that fails leaves the target as it was (a new target left empty is removed).
+    Returns {source: {table: rows copied}}; duplicates are skipped."""
+    try:
+        target._write("BEGIN IMMEDIATE")
+        report = {str(source): _merge_source(target, Path(source)) for source in sources}
+        target._write("COMMIT")
+    except BaseException as e:
+        _undo(target)
+        if isinstance(e, FloorlineError):
+            raise FloorlineError(f"{e}; nothing was merged") from None
+        raise
     return report
+
+
+def _undo(target: Store) -> None:
+    """The target as it was: the merge rolled back, and a file its Store made removed where it
+    holds no row."""
+    if target.db.in_transaction:
+        target.db.execute("ROLLBACK")
+    if target.made and not any(target._read(f"SELECT 1 FROM {table} LIMIT 1")
+                               for table in IDENTITY):
+        target.remove()
+
+
+def _merge_source(target: Store, source: Path) -> dict[str, int]:
+    """Copies one source's new rows, inside the merge's transaction: {table: rows copied}."""
+    src = _open_existing(source)
+    try:
+        runs = _Runs(target, source.name)
+        return {table: _merge_table(target, src, source, table, runs) for table in IDENTITY}
+    except sqlite3.DatabaseError as e:  # reading the source: the target's own name the target
+        raise FloorlineError(f"cannot read results database {source}: {e}") from None
+    finally:
+        src.close()
+
+
+def _merge_table(target: Store, src, source: Path, table: str, runs: _Runs) -> int:
+    identity = IDENTITY[table]
+    held = (f"SELECT id FROM {table} WHERE " + " AND ".join(f"{c} IS :{c}" for c in identity)
+            + " LIMIT 1")
+    names = _columns(target, src, source, table)
+    copied = 0
+    for values in src.execute(f"SELECT {', '.join(names)} FROM {table} ORDER BY id"):
+        row = dict(zip(names, values))
+        old_id = row.pop("id")
+        where = f"{source}: {table} row {old_id}"
+        check_numbers(row, NUMBER_COLUMNS[table], where)
+        parsed = {column: parse_json(row.get(column), where, column, kind)
+                  for column, kind in JSON_COLUMNS[table].items()}
+        if table == "cells":
+            check_cell(row, where)
+        found = target._read(held, {c: row.get(c) for c in identity})
+        if found:
+            if table == "runs":
+                runs.mapped[old_id] = found[0][0]
+            continue
+        if table == "cells":
+            details = parsed["details"]
+            details.setdefault("merged_from", {"file": source.name, "id": old_id})
+            row["details"] = json.dumps(details, sort_keys=True)
+        if table != "runs":
+            row["run_id"] = runs.of(row, parsed)
+        new_id = target._insert(table, row)
+        copied += 1
+        if table == "runs":
+            runs.mapped[old_id] = new_id
+        if table == "ab_experiments":
+            _copy_sessions(src, source, target, old_id, new_id)
+    return copied
+
+
+def _columns(target: Store, src, source: Path, table: str) -> list[str]:
+    """The source's columns of `table`; one line where the target lacks one (its values would
+    be lost). A column only the target has takes its default."""
+    names = table_columns(src, table)
+    extra = [n for n in names if n not in table_columns(target.db, table)]
+    if extra:
+        raise FloorlineError(f"{source}: {table} has column(s) {', '.join(extra)} that "
+                             f"{target.path} lacks, so merging would drop their values")
+    return names
 
 
 class _Runs:
@@ -614,14 +702,14 @@ class _Runs:
                 "provenance": json.dumps(parsed["fingerprint"], sort_keys=True),
                 "fingerprint_key": key, "started_at": when, "finished_at": when})
         else:
-            self.target.db.execute(
+            self.target._write(
                 "UPDATE runs SET started_at=MIN(started_at, :t), finished_at=MAX(finished_at, :t) "
                 "WHERE id=:id", {"t": when, "id": self.made[key]})
         return self.made[key]
 
 
-def _copy_sessions(src, target: Store, old_id: int, new_id: int) -> None:
-    names = [r[1] for r in target.db.execute("PRAGMA table_info(ab_sessions)")]
+def _copy_sessions(src, source: Path, target: Store, old_id: int, new_id: int) -> None:
+    names = _columns(target, src, source, "ab_sessions")
     for values in src.execute(f"SELECT {', '.join(names)} FROM ab_sessions WHERE experiment_id=? "
                               "ORDER BY idx", (old_id,)):
         target._insert("ab_sessions", {**dict(zip(names, values)), "experiment_id": new_id})

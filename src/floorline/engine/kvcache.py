@@ -32,16 +32,27 @@ past the live ones.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from floorline.errors import FloorlineError
+from floorline.errors import FloorlineError, out_of_memory
 
 KV_FORMATS = ("bf16", "fp8")
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 FP8_SLACK = 256  # token slots an fp8 cache holds beyond its capacity (a tile's reach)
+
+
+def room(device, per_position: int) -> str:
+    """What a GPU's free memory holds, at `per_position` bytes a position ("" elsewhere, where
+    what is free is not known here)."""
+    if torch.device(device).type != "cuda":
+        return ""
+    free = torch.cuda.mem_get_info(torch.device(device))[0]
+    return (f"; {free / 1e9:,.1f} GB is free there, room for about {free // per_position:,} "
+            "positions")
 
 
 def check_format(kv: str) -> str:
@@ -78,15 +89,24 @@ class KVCache:
     @classmethod
     def allocate(cls, kv: str, layers: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device) -> KVCache:
+        """The cache, zeroed; one line where `device` cannot hold it."""
         if check_format(kv) == "bf16":
             shape = (layers, kv_heads, capacity, head_dim)
-            return cls(*(torch.zeros(shape, dtype=dtype, device=device) for _ in "kv"))
-        slots = -(-(capacity + FP8_SLACK) // 16) * 16  # V's rows start 16-byte aligned
-        k = torch.zeros(layers, kv_heads, slots, head_dim, dtype=FP8, device=device)
-        v = torch.zeros(layers, kv_heads, head_dim, slots, dtype=FP8, device=device)
-        k_scale, v_scale = (torch.zeros(layers, kv_heads, slots, dtype=torch.float32,
-                                        device=device) for _ in "kv")
-        return cls(k, v, k_scale, v_scale)
+            tensors = [(shape, dtype)] * 2
+        else:
+            slots = -(-(capacity + FP8_SLACK) // 16) * 16  # V's rows start 16-byte aligned
+            tensors = [((layers, kv_heads, slots, head_dim), FP8),
+                       ((layers, kv_heads, head_dim, slots), FP8),
+                       *[((layers, kv_heads, slots), torch.float32)] * 2]
+        try:
+            return cls(*(torch.zeros(shape, dtype=t, device=device) for shape, t in tensors))
+        except (RuntimeError, MemoryError) as e:
+            if not out_of_memory(e):
+                raise
+            asked = sum(math.prod(shape) * t.itemsize for shape, t in tensors)
+            raise FloorlineError(f"cannot allocate the KV cache: {capacity:,} positions take "
+                                 f"{asked:,} bytes ({asked / 1e9:,.1f} GB), more than {device} "
+                                 f"could give{room(device, asked // capacity)}") from None
 
     @property
     def fp8(self) -> bool:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from floorline.errors import FloorlineError
 from floorline.forecast.calibration import Calibration
 from floorline.forecast.model import Fit, Step, fit, step
-from floorline.forecast.terms import kind
+from floorline.forecast.terms import check_runnable, kind
 
 LEVEL_PERCENT = 90
 LEVEL = LEVEL_PERCENT / 100
@@ -104,6 +104,7 @@ class Forecast:
 
 def forecast(cal: Calibration, model: str, gpu: str, ctx: int, path: str,
              loo: list[dict] | None = None) -> Forecast:
+    check_runnable(model, gpu, ctx, path)
     f = fit(cal, path)
     s = step(f, model, gpu, ctx)
     loo = leave_one_out(cal) if loo is None else loo

@@ -13,7 +13,7 @@ from importlib import resources
 
 from floorline.hardware import catalogue_names
 from floorline.records import VALID
-from floorline.store import CellRow
+from floorline.store import CellRow, check_cell
 
 SHIPPED = "h200.json"
 
@@ -57,7 +57,8 @@ def from_rows(rows: list[CellRow], explanations: list[dict], probes: dict[str, d
               label: str) -> Calibration:
     """A database's contents as records: valid cells of catalogued GPUs (the newest of each
     model, ctx, path and GPU); CPU cells only noted, as they say nothing about a GPU; explain
-    results of catalogued GPUs that count kernels by class (the terms read those counts)."""
+    results of catalogued GPUs that count kernels by class (the terms read those counts). A
+    GPU cell with figures no measured cell has (a zero median) is refused in one line."""
     gpus = set(catalogue_names())
     newest: dict[tuple, CellRow] = {}
     cpu_paths = set()
@@ -67,6 +68,7 @@ def from_rows(rows: list[CellRow], explanations: list[dict], probes: dict[str, d
         if r.gpu not in gpus:
             cpu_paths.add(r.path)
             continue
+        check_cell(r.as_dict(), f"{label} cell {r.id}")
         key = (r.model, r.ctx, r.path, r.gpu)
         if key not in newest or r.finished_at >= newest[key].finished_at:
             newest[key] = r

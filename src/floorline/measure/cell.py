@@ -122,9 +122,10 @@ def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
                  trust_remote_code: bool = False) -> CellResult:
     """Measure one cell (in the runner's child process): open the path, prefill, warm up, time
     and close; every failure a user can meet comes back as an invalid cell, and a cell whose
-    steps were not steady (measure/steadiness.py) as an unsteady one, its figures kept. The
-    host's load at its start and end is in details["host_load"], and where the host was busy,
-    a sentence in details["host_warning"] (measure/host.py)."""
+    steps were not steady, or whose `--steps auto` interval stayed wider than asked
+    (measure/steadiness.py), as an unsteady one, its figures kept. The host's load at its start
+    and end is in details["host_load"], and where the host was busy, a sentence in
+    details["host_warning"] (measure/host.py)."""
     import torch
 
     model_spec = resolve_model(key.model, trust_remote_code)

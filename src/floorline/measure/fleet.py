@@ -11,9 +11,13 @@ worker, ATTEMPTS times in all, then stored invalid, naming the cause.
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import os
 import queue
+import re
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -30,8 +34,13 @@ from floorline.store import Store
 GPU = "GPU"  # the Dask resource a worker holds one of per GPU; every cell's task needs one
 LOCAL_CUDA = "local-cuda"
 TOPIC = "floorline-fleet"  # the event each task logs as it starts, for the driver's progress
-CONNECT_S = 30  # to reach a scheduler
+CONNECT_VAR = "FLOORLINE_CONNECT_TIMEOUT"  # sets CONNECT_S
+WAIT_VAR = "FLOORLINE_WORKER_TIMEOUT"  # sets WAIT_S
+CONNECT_S = 10  # to reach a scheduler
 WAIT_S = 600  # for a worker with a GPU to join, at the start or after the last one left
+DIAGNOSE_S = 2  # for the plain TCP connection that tells why a scheduler did not answer
+# tcp://HOST:PORT or tls://HOST:PORT, HOST a name, an IPv4 address or an IPv6 one in brackets
+ADDRESS = re.compile(r"(tcp|tls)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")
 POLL_S = 1.0  # between looks at the fleet's workers while no task ends
 ATTEMPTS = 3  # workers a cell may be tried on, each lost while running it
 # The statistical profiler of a Dask worker samples its threads every 10 ms, taking the GIL
@@ -114,11 +123,123 @@ def run_task(task: Task, measure: Callable[..., CellResult] = measure_one) -> Me
     return Measured(cell, env, fingerprint_key(env), name)
 
 
+def host_port(address: str) -> tuple[str, int] | None:
+    """The host and port of a scheduler's address, tcp://HOST:PORT or tls://HOST:PORT; None
+    where `address` has neither form."""
+    match = ADDRESS.fullmatch(address)
+    if match is None or not 0 < int(match[3]) < 65536:
+        return None
+    host = match[2]
+    if host.startswith("["):
+        try:
+            host = str(ipaddress.IPv6Address(host[1:-1]))
+        except ValueError:
+            return None
+    return host, int(match[3])
+
+
+def seconds(variable: str, default: float) -> float:
+    """A timeout in seconds from the environment variable `variable`, else `default`."""
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise FloorlineError(f"{variable} must be a number of seconds above 0, got '{text}'")
+    return value
+
+
+def timeouts() -> tuple[float, float]:
+    """How long to try to reach a scheduler, and to wait for a worker with a GPU, in seconds."""
+    return seconds(CONNECT_VAR, CONNECT_S), seconds(WAIT_VAR, WAIT_S)
+
+
+def security(cluster: str):
+    """Dask's security settings for a client (TLS from Dask's configuration); one line where Dask
+    is not installed, or a tls:// address has no TLS settings to connect with."""
+    try:
+        from distributed.security import Security
+    except ImportError:
+        raise FloorlineError("--cluster needs Dask: pip install 'floorline[fleet]'") from None
+    try:
+        settings = Security()
+        tls = settings.get_connection_args("client")["ssl_context"] is not None
+    except (OSError, ValueError) as e:  # a certificate that cannot be read (ssl's errors too)
+        raise FloorlineError(f"Dask's TLS settings cannot be used: {one_line(e)}") from None
+    if cluster.startswith("tls://") and not tls:
+        raise FloorlineError(
+            f"--cluster {cluster}: a tls:// address needs Dask's TLS settings for a client "
+            "(distributed.comm.tls.ca-file, .client.cert and .client.key in Dask's "
+            "configuration), and none are set")
+    return settings
+
+
 def check_cluster(cluster: str) -> str:
-    if cluster != LOCAL_CUDA and not cluster.startswith(("tcp://", "tls://")):
-        raise FloorlineError(f"--cluster must be '{LOCAL_CUDA}' or a Dask scheduler's address "
-                             f"(tcp://HOST:PORT), got '{cluster}'")
+    """`cluster` checked before anything connects: its form, the timeouts the environment sets,
+    and for a tls:// address, Dask's TLS settings."""
+    if cluster != LOCAL_CUDA and host_port(cluster) is None:
+        raise FloorlineError(
+            f"--cluster must be '{LOCAL_CUDA}' or a Dask scheduler's address (tcp://HOST:PORT), "
+            "or tls://HOST:PORT with Dask's TLS settings; an IPv6 HOST goes in brackets "
+            f"(tcp://[::1]:8786); got '{cluster}'")
+    timeouts()
+    if cluster.startswith("tls://"):
+        security(cluster)
     return cluster
+
+
+async def server_type(address: str, settings, timeout_s: float) -> str:
+    """What the Dask server at `address` says it is: "Scheduler", "Worker", ..."""
+    from distributed.comm import connect
+
+    comm = await connect(address, timeout=timeout_s, **settings.get_connection_args("client"))
+    try:
+        await comm.write({"op": "identity", "reply": True})
+        return (await comm.read()).get("type", "")
+    finally:
+        comm.abort()
+
+
+def reach(address: str, settings, timeout_s: float) -> None:
+    """One line unless a Dask scheduler answers at `address` within `timeout_s`. Asked here,
+    apart from the client: the client waits without end on a listener that never answers, and
+    one that failed to connect prints a traceback as it is collected."""
+    try:
+        kind = asyncio.run(asyncio.wait_for(server_type(address, settings, timeout_s),
+                                            timeout_s))
+    except Exception:  # refused, unknown host, no answer, or one not in Dask's protocol
+        raise unreachable(address, timeout_s) from None
+    if kind != "Scheduler":
+        raise FloorlineError(f"{address} is a Dask {kind or 'server'}, not a scheduler: give "
+                             "the scheduler's address")
+
+
+def unreachable(address: str, timeout_s: float) -> FloorlineError:
+    """Why no scheduler answered at `address`, as one plain TCP connection to it tells."""
+    host, port = host_port(address)
+    try:
+        socket.create_connection((host, port), timeout=min(timeout_s, DIAGNOSE_S)).close()
+    except OSError as e:
+        why = f"{socket_error(host, e)}, tried for {timeout_s:g} s"
+    else:
+        why = (f"something accepts connections there but did not answer as a Dask scheduler in "
+               f"{timeout_s:g} s" + (" (with the TLS settings in Dask's configuration)"
+                                    if address.startswith("tls://") else ""))
+    return FloorlineError(f"cannot reach the Dask scheduler at {address}: {why}; "
+                          f"{CONNECT_VAR}=SECONDS sets how long to try")
+
+
+def socket_error(host: str, e: OSError) -> str:
+    if isinstance(e, socket.gaierror):
+        return f"cannot look up the host '{host}' ({e.strerror})"
+    if isinstance(e, ConnectionRefusedError):
+        return "connection refused (nothing listens on that port)"
+    if isinstance(e, TimeoutError):
+        return "no answer (the host may be down, or a firewall in the way)"
+    return e.strerror or one_line(e)
 
 
 def visible_gpus() -> list[str]:
@@ -160,16 +281,23 @@ def local_cuda_cluster(gpus: list[str]):
 
 
 class Fleet:
-    """A Dask client, with the local cluster it started, if any (both closed with it)."""
+    """A Dask client, with the local cluster it started, if any (both closed with it). Made only
+    once a scheduler answers at `cluster`, within the connect timeout."""
 
     def __init__(self, cluster: str):
+        check_cluster(cluster)
+        self.connect_s, self.wait_s = timeouts()
+        settings = security(cluster)
+        from distributed import Client
+
+        if cluster == LOCAL_CUDA:
+            self.cluster = local_cuda_cluster(visible_gpus())
+        else:
+            self.cluster = None
+            reach(cluster, settings, self.connect_s)
         try:
-            from distributed import Client
-        except ImportError:
-            raise FloorlineError("--cluster needs Dask: pip install 'floorline[fleet]'") from None
-        self.cluster = local_cuda_cluster(visible_gpus()) if cluster == LOCAL_CUDA else None
-        try:
-            self.client = Client(self.cluster or cluster, timeout=CONNECT_S, set_as_default=False)
+            self.client = Client(self.cluster or cluster, timeout=self.connect_s,
+                                 set_as_default=False, security=settings)
         except (OSError, TimeoutError) as e:
             self.close()
             raise FloorlineError(f"cannot reach the Dask scheduler at {cluster}: {one_line(e)}"
@@ -189,20 +317,37 @@ class Fleet:
         if self.cluster is not None:
             self.cluster.close()
 
+    def workers(self) -> dict[str, dict]:
+        """The scheduler's workers, by address."""
+        return self.client.scheduler_info(n_workers=-1)["workers"]
+
     def gpu_workers(self) -> list[str]:
         """The addresses of the workers that hold a GPU (a GPU resource)."""
-        workers = self.client.scheduler_info(n_workers=-1)["workers"]
-        return [a for a, w in workers.items() if w.get("resources", {}).get(GPU, 0) >= 1]
+        return [a for a, w in self.workers().items() if w.get("resources", {}).get(GPU, 0) >= 1]
 
-    def wait_for_gpus(self, timeout_s: float = WAIT_S) -> list[str]:
-        """The GPU workers, once there is one; one line after `timeout_s` without any."""
-        deadline = time.monotonic() + timeout_s
-        while not (workers := self.gpu_workers()):
+    def census(self) -> str:
+        """The workers the scheduler has, while none holds a GPU."""
+        count = len(self.workers())
+        if not count:
+            return "it has no workers"
+        return f"it has {count} worker(s), none with a {GPU} resource"
+
+    def wait_for_gpus(self) -> list[str]:
+        """The GPU workers, once there is one: the wait said on stderr, and one line after
+        `wait_s` without any."""
+        deadline = time.monotonic() + self.wait_s
+        if not (workers := self.gpu_workers()):
+            print(f"waiting up to {self.wait_s:g} s for a Dask worker with a {GPU} resource to "
+                  f"join the scheduler at {self.address} ({self.census()}; {WAIT_VAR}=SECONDS "
+                  "sets how long to wait)", file=sys.stderr, flush=True)
+        while not workers:
             if time.monotonic() > deadline:
                 raise FloorlineError(
-                    f"no Dask worker with a {GPU} resource joined {self.address} in "
-                    f"{timeout_s:g} s: start each worker with `--resources {GPU}=1`")
+                    f"no Dask worker with a {GPU} resource joined the scheduler at "
+                    f"{self.address} in {self.wait_s:g} s ({self.census()}): start each worker "
+                    f"with `--resources {GPU}=1`; {WAIT_VAR}=SECONDS sets how long to wait")
             time.sleep(POLL_S)
+            workers = self.gpu_workers()
         return workers
 
     def identify(self, address: str, device: str, gpu: DeviceSpec | None) -> dict:
@@ -304,9 +449,10 @@ def dispatch(fleet: Fleet, items: list, call: Callable[[object], tuple], device:
                     future.add_done_callback(lambda f: events.put(("done", f)))
                     running[name] = (item, future, address)
             idle_since = None if workers else (idle_since or time.monotonic())
-            if idle_since is not None and time.monotonic() - idle_since > WAIT_S:
+            if idle_since is not None and time.monotonic() - idle_since > fleet.wait_s:
                 raise FloorlineError(f"no worker with a {GPU} has been in the fleet for "
-                                     f"{WAIT_S} s; every finished result is in the database")
+                                     f"{fleet.wait_s:g} s ({WAIT_VAR}=SECONDS sets how long to "
+                                     "wait); every finished result is in the database")
             try:
                 kind, event = events.get(timeout=POLL_S)
             except queue.Empty:

@@ -29,6 +29,8 @@ FLAGS = {
     "FLOORLINE_LLAMA_LOG": False,
     "FLOORLINE_DEBUG": False,
     "FLOORLINE_RUN_LABEL": False,  # a run's --label, where the option is not given
+    "FLOORLINE_CONNECT_TIMEOUT": False,  # --cluster: seconds to reach the scheduler
+    "FLOORLINE_WORKER_TIMEOUT": False,  # --cluster: seconds to wait for a worker with a GPU
 }
 
 

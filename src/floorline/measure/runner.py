@@ -31,6 +31,7 @@ RESULT_TAG = "floorline-child-result "
 # Long enough for a 7-8B model's load, compilation and a long prompt on a GPU; a CPU demo cell
 # takes seconds.
 TIMEOUT_S = 1800.0
+PR_SET_PDEATHSIG = 1
 OOM_HINTS = ("MemoryError", "OutOfMemoryError", "out of memory", "can't allocate memory")
 
 
@@ -62,11 +63,16 @@ def failure(returncode: int, stderr: str) -> str:
 def run_in_child(target: str, args: dict, timeout_s: float = TIMEOUT_S) -> dict:
     """`target(**args)` ("module:function", returning a JSON-able dict) in a fresh process:
     its result. ChildFailed where the child died by a signal, ran out of memory, ran past
-    `timeout_s`, raised, or ended without a result."""
+    `timeout_s`, raised, or ended without a result; FloorlineError where it cannot start."""
     job = json.dumps({"target": target, "args": args})
-    # Its own process group, so that a timeout stops whatever the child started as well.
-    proc = subprocess.Popen(CHILD + [job], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    try:
+        # Its own process group, so that a timeout stops whatever the child started as well.
+        proc = subprocess.Popen(CHILD + [job], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True,
+                                preexec_fn=die_with(os.getpid()))
+    except OSError as e:  # every job would fail alike: the command stops, with one line
+        raise FloorlineError(f"cannot start the measuring process {CHILD[0]}: "
+                             f"{e.strerror or one_line(e)}") from None
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -148,15 +154,24 @@ def quality_job(key: dict, device: str, gpu: dict, seed: int, trust_remote_code:
                            trust_remote_code).as_dict()
 
 
-def die_with_parent() -> None:
-    """A parent killed outright (SIGKILL) cannot stop its child: have the kernel do it, so that
-    no orphaned cell holds the GPU into the next run (Linux's PR_SET_PDEATHSIG)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+def die_with(parent: int):
+    """For Popen's preexec_fn: the child, between fork and exec, has the kernel kill it when its
+    parent dies (Linux's PR_SET_PDEATHSIG; a parent killed outright cannot stop it), so that no
+    orphaned job holds the GPU into the next run; and exits where the parent died before that.
+    None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None).prctl  # looked up here: the forked child only calls it
+
+    def in_child() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return in_child
 
 
 def main(argv: list[str]) -> None:
-    die_with_parent()
     job = json.loads(argv[0])
     module, function = job["target"].split(":")
     try:

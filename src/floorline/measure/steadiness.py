@@ -46,11 +46,24 @@ def spread(summary: dict) -> float | None:
     return (p90 - p10) / median
 
 
+def width_reason(details: dict, summary: dict | None) -> str | None:
+    """Why a cell timed with `--steps auto` falls short: its median's interval still wider than
+    asked at the cap of steps; None where it was reached, or the steps were a fixed count."""
+    if details.get("width_reached") is not False:
+        return None
+    (low, high), median = details["median_ci_ms"], (summary or {}).get("median_ms")
+    return (f"--steps auto stopped at its cap of {details['timed_steps']} timed steps with the "
+            f"median's 95% interval at {low:.3g}-{high:.3g} ms, {(high - low) / median:.3g} of "
+            f"the median {median:.3g} ms, wider than the --rel-width "
+            f"{details['steps_rule']['rel_width']:g} asked")
+
+
 def unsteady_reason(details: dict, summary: dict | None) -> str | None:
     """Why a timed cell is not steady enough to report (its timing's details: Timing.details();
-    its summary: stats.summarise), each bound that failed with its figures and what to do; None
-    where every bound holds."""
-    failed, longer_warmup = [], False
+    its summary: stats.summarise), each bound that failed with its figures and what to do, a
+    `--steps auto` interval wider than asked first; None where every bound holds."""
+    width = width_reason(details, summary)
+    failed, longer_warmup = [width] if width else [], False
     cap = (details.get("warmup_rule") or {}).get("cap")
     if details.get("steady") is False and not (cap is not None and cap <= 2 * WINDOW):
         limit = (f" ({cap} steps or {details['warmup_rule'].get('cap_s'):g} s)"
@@ -74,4 +87,5 @@ def unsteady_reason(details: dict, summary: dict | None) -> str | None:
         return None
     warmup = (f", or with a fixed, longer warm-up (`--warmup N`, N above "
               f"{details.get('warmup_steps')})" if longer_warmup else "")
-    return f"{'; '.join(failed)}. {AGAIN}{warmup}."
+    wider = ", or with a wider --rel-width" if width else ""
+    return f"{'; '.join(failed)}. {AGAIN}{warmup}{wider}."
