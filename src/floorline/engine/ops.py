@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from floorline.engine.kernels import attention, gemv, norm, tokens
+from floorline.engine.kernels import attention, gemv, norm, rows, tokens
 from floorline.engine.kernels.attention import decode_attention_reference
 from floorline.engine.kernels.gemv import gemv_reference
 from floorline.engine.kernels.norm import add_norm_reference
@@ -70,6 +70,10 @@ class TritonOps:
 
     def gemv(self, x, w, out, *, norm=None, eps: float = 0.0, up=None, bias=None,
              accumulate: bool = False, act: str = "silu") -> None:
+        if x.dim() == 2:  # several rows: a verify step
+            rows.rows_product(x, w, out, norm=norm, eps=eps, up=up, bias=bias,
+                              accumulate=accumulate, act=act)
+            return
         config = self.tuner.config(w, out, norm=norm is not None, up=up is not None,
                                    bias=bias is not None, accumulate=accumulate)
         self._gemv(x, w, out, config=config, norm=norm, eps=eps, up=up, bias=bias,

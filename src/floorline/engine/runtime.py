@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from floorline import graphs
 from floorline.engine.kvcache import check_format
-from floorline.engine.model import Decoder, DecoderConfig, EngineUnsupported
+from floorline.engine.model import Decoder, DecoderConfig, EngineUnsupported, Rows
 from floorline.engine.ops import ReferenceOps, TritonOps
 from floorline.engine.quant import FORMATS, HEAD_FORMATS, Int4Weight, format_of
 from floorline.engine.sampling import Sampler
@@ -70,6 +71,7 @@ class Engine:
         self.head = format_of(decoder_weights.head)
         self.graph = None
         self.graphs: dict[tuple, object] = {}  # other samplers' captured steps (use_sampler)
+        self.verify_graphs: dict[int, object] = {}  # CUDA: the verify step of k tokens, by k
         self.filled = 0  # tokens in the cache, kept on the host too: a step past the end is refused
 
     @property
@@ -105,32 +107,30 @@ class Engine:
         self.sampler = self.decoder.sampler = sampler
         self.graph = self.graphs.pop(key, None)
 
-    def _room(self) -> None:
-        if self.filled >= self.decoder.capacity:
-            raise FloorlineError(f"the cache of {self.decoder.capacity} tokens is full: no room "
-                                 "for a step")
+    def _room(self, tokens: int = 1) -> None:
+        capacity = self.decoder.capacity
+        if self.filled >= capacity:
+            raise FloorlineError(f"the cache of {capacity} tokens is full: no room for a step")
+        if self.filled + tokens > capacity:
+            raise FloorlineError(f"the cache of {capacity} tokens holds {self.filled}: no room "
+                                 f"for a verify step of {tokens}")
 
     def capture(self) -> None:
-        """Record one step in a CUDA graph. One eager step first, on a side stream, compiles the
-        kernels and tunes any shape not yet in the table; its effect on token, position and the
-        CUDA generator (sampling draws from it) is undone, so the stream goes on from the
-        prefill, and the slot it wrote in the cache is the one the first replay writes."""
+        """Record one step in a CUDA graph. One eager step first compiles the kernels and tunes
+        any shape not yet in the table; its effect on token, position and the CUDA generator
+        (sampling draws from it) is undone, so the stream goes on from the prefill, and the slot
+        it wrote in the cache is the one the first replay writes."""
         d = self.decoder
         self._room()
         token, pos = d.token.clone(), d.pos.clone()
         with torch.cuda.device(self.device):
             rng = torch.cuda.get_rng_state()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                d.step()
-            torch.cuda.current_stream().wait_stream(side)
-            d.token.copy_(token)
-            d.pos.copy_(pos)
-            torch.cuda.set_rng_state(rng)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                d.step()
+
+            def reset() -> None:
+                d.token.copy_(token)
+                d.pos.copy_(pos)
+                torch.cuda.set_rng_state(rng)
+            self.graph = graphs.capture(d.step, reset=reset)
 
     def step(self) -> None:
         self._room()
@@ -140,7 +140,41 @@ class Engine:
         else:
             self.decoder.step()
 
+    def verify(self, drafts: list[int]) -> Rows:
+        """One step over the current token and `drafts` after it (Decoder.verify): returns its
+        rows, each position's logits and greedy next token. On CUDA each k's step is captured
+        in a graph on first use, after one eager run that compiles and tunes its kernels (a
+        verify step moves neither token nor position, and the cache slots it wrote are
+        written again by the replay)."""
+        k = len(drafts) + 1
+        rows = self.decoder.verify_rows(k)
+        self._room(k)
+        if drafts:
+            rows.token[1:].copy_(torch.tensor(drafts, dtype=torch.long))
+        if self.device.type != "cuda":
+            return self.decoder.verify(k)
+        if k not in self.verify_graphs:
+            with torch.cuda.device(self.device):
+                self.verify_graphs[k] = graphs.capture(lambda: self.decoder.verify(k))
+        self.verify_graphs[k].replay()
+        return rows
+
+    def seek(self, filled: int, token: int | torch.Tensor) -> None:
+        """Go on from the cache's first `filled` tokens with `token` (or a [1] tensor on the
+        device holding it) as the next input: after a verify step, past the tokens it
+        accepted (the slots after them are written again as the stream goes on)."""
+        if not 0 < filled < self.decoder.capacity:
+            raise FloorlineError(f"cannot go on from {filled} tokens in a cache of "
+                                 f"{self.decoder.capacity}")
+        self.filled = filled
+        self.decoder.pos.fill_(filled)
+        if isinstance(token, torch.Tensor):
+            self.decoder.token.copy_(token)
+        else:
+            self.decoder.token.fill_(token)
+
     def close(self) -> None:
         self.graph = None
         self.graphs = {}
+        self.verify_graphs = {}
         self.decoder = None

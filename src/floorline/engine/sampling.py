@@ -25,12 +25,26 @@ class Sampler:
         if self.greedy:
             argmax(logits, token)
             return
-        probs = torch.softmax(logits / self.temperature, dim=0)
-        probs, order = torch.sort(probs, descending=True)
-        # The smallest prefix whose mass reaches top_p (the first token always stays).
-        probs = probs * ((probs.cumsum(0) - probs) < self.top_p)
+        probs, order = self._nucleus(logits)
         # Exponential race: argmax p_i / E_i with E_i ~ Exp(1) picks i with probability
         # p_i / sum p; no host round trip, and the draw comes from torch's CUDA generator,
         # which a graph replay advances.
         race = probs / torch.empty_like(probs).exponential_()
         argmax(race, token, index=order)
+
+    def _nucleus(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tempered probabilities sorted, those outside the nucleus zeroed (not
+        renormalised), and the vocabulary order they are in; over the last dimension."""
+        probs = torch.softmax(logits / self.temperature, dim=-1)
+        probs, order = torch.sort(probs, dim=-1, descending=True)
+        # The smallest prefix whose mass reaches top_p (the first token always stays).
+        return probs * ((probs.cumsum(-1) - probs) < self.top_p), order
+
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution this sampler draws from, per row of `logits` [..., vocab]: one-hot
+        at the argmax when greedy, else tempered and cut to the nucleus, renormalised."""
+        if self.greedy:
+            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        probs, order = self._nucleus(logits)
+        probs = probs / probs.sum(-1, keepdim=True)
+        return torch.empty_like(probs).scatter_(-1, order, probs)

@@ -59,3 +59,45 @@ def evaluation_text() -> str:
 
 def text_digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# Workloads for speculative decoding: what a robot's or an agent's model is asked to do, each a
+# few prompts through the chat template. How much of a reply repeats its prompt differs by
+# workload, and with it how often a drafter is right: acceptance is measured per workload.
+RECORD = ('{"id": 4127, "robot": "arm-2", "task": "pick", "object": "red cube", '
+          '"position": {"x": 0.42, "y": -0.17, "z": 0.05}, "gripper": "open", '
+          '"status": "queued"}')
+NOTE = ("The charging dock in bay three was moved on Monday. Robots that still use the old "
+        "map drive to the empty wall, wait there for two minutes and then report a docking "
+        "fault. The new dock is four metres further along the same wall, next to the fire "
+        "door. Until every robot has the new map, operators should send them to bay four, "
+        "which has not moved.")
+CODE = ("def mean(values):\n    total = 0\n    for v in values:\n        total += v\n"
+        "    return total / len(values)\n")
+WORKLOADS = {
+    "chat": tuple(p.text for p in PROMPTS if p.chat)[:8],
+    "json": (
+        f"Here is a task record: {RECORD}\nReturn the same record as JSON with status set to "
+        "\"running\" and the gripper \"closed\". Output only the JSON.",
+        f"Here is a task record: {RECORD}\nReturn it as JSON with the object changed to "
+        "\"blue cylinder\". Output only the JSON.",
+        "Return a JSON list of three task records, each with the fields id, robot, task and "
+        "status, for robots arm-1, arm-2 and arm-3 picking a cube. Output only the JSON.",
+        f"Here is a task record: {RECORD}\nReturn it as JSON with x, y and z each rounded to "
+        "one decimal place. Output only the JSON.",
+    ),
+    "edit": (
+        f"Rewrite this note, replacing \"bay three\" with \"bay five\" and changing nothing "
+        f"else:\n\n{NOTE}",
+        f"Correct the spelling in this note and repeat it in full:\n\n"
+        f"{NOTE.replace('charging', 'chargin').replace('robots', 'robtos')}",
+        f"Add type hints to this Python function and repeat it in full:\n\n{CODE}",
+        f"Rename the function below to average and repeat it in full:\n\n{CODE}",
+    ),
+    "summarise": (
+        f"Summarise this note in one sentence:\n\n{NOTE}",
+        f"What should an operator do, according to this note?\n\n{NOTE}",
+        f"Explain what this function does:\n\n{CODE}",
+        f"Which fields does this record have? {RECORD}",
+    ),
+}

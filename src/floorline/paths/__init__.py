@@ -33,13 +33,29 @@ def parse_path(text: str) -> PathSpec:
     base, *options = text.strip().split("+")
     if base not in REGISTRY:
         raise FloorlineError(f"unknown path '{text}'; base paths: {', '.join(REGISTRY)}")
+    verify = 1
     for option in options:
-        if option not in OPTIONS:
+        if option.startswith("verify") and option != "verifyK":
+            verify = _verify_tokens(option, text)
+            if not isinstance(REGISTRY[base], EnginePath):
+                raise FloorlineError(f"path '{text}': +{option} times the engine's verify "
+                                     "step, on the engine's paths only")
+        elif option not in OPTIONS:
             raise FloorlineError(f"unknown option '+{option}' in path '{text}'; options: "
                                  + ", ".join("+" + o for o in OPTIONS))
     if len(set(options)) != len(options):
         raise FloorlineError(f"path '{text}' repeats an option")
-    return PathSpec(base, "compile" in options, "graphs" in options)
+    return PathSpec(base, "compile" in options, "graphs" in options, verify)
+
+
+def _verify_tokens(option: str, text: str) -> int:
+    from floorline.engine.model import VERIFY_MAX
+
+    k = option.removeprefix("verify")
+    if not k.isdigit() or not 2 <= int(k) <= VERIFY_MAX:
+        raise FloorlineError(f"path '{text}': +verifyK takes K from 2 to {VERIFY_MAX} tokens, "
+                             f"not '+{option}'")
+    return int(k)
 
 
 def unavailable(path_spec: PathSpec, device: str) -> str | None:
@@ -57,8 +73,12 @@ def require_available(path_spec: PathSpec, device: str) -> None:
 
 
 def open_session(path_spec: PathSpec, model_spec, device: str, capacity: int, seed: int) -> Session:
-    session = REGISTRY[path_spec.base].open(model_spec, device, capacity, seed)
+    # a verify step writes its K tokens' keys and values past the position it times
+    session = REGISTRY[path_spec.base].open(model_spec, device, capacity + path_spec.verify - 1,
+                                            seed)
     try:
+        if path_spec.verify > 1:
+            session.verify_tokens(path_spec.verify)
         if (path_spec.compile or path_spec.graphs) and session.not_static_reason:
             raise PathUnavailable(f"{path_spec.base} cannot be compiled or captured in a CUDA "
                                   f"graph here: {session.not_static_reason}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from floorline import graphs
 from floorline.errors import FloorlineError
 
 # Steps run eagerly on a side stream before capture: they allocate workspaces (cuBLAS) and
@@ -133,19 +134,9 @@ class GraphedSession(Session):
         self.graph = None
 
     def prefill(self, ctx: int) -> None:
-        import torch
-
         self.inner.prefill(ctx)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(GRAPH_WARMUP_STEPS):
-                self.inner.step()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(self.graph):
-                self.inner.step()
+            self.graph = graphs.capture(self.inner.step, warmup=GRAPH_WARMUP_STEPS)
         except RuntimeError as e:  # a library that synchronises or allocates inside its step
             self.graph = None
             reset_capture_state()
@@ -180,13 +171,16 @@ class PathSpec:
     base: str
     compile: bool = False
     graphs: bool = False
+    verify: int = 1  # tokens each timed step checks at once (+verifyK: the engine's verify step)
 
     @property
     def name(self) -> str:
-        return self.base + ("+compile" if self.compile else "") + ("+graphs" if self.graphs else "")
+        return (self.base + ("+compile" if self.compile else "")
+                + ("+graphs" if self.graphs else "")
+                + (f"+verify{self.verify}" if self.verify > 1 else ""))
 
 
-OPTIONS = ("compile", "graphs")
+OPTIONS = ("compile", "graphs", "verifyK")
 
 
 def compile_mode(device: str) -> str:

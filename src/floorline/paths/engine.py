@@ -3,7 +3,9 @@
 divide every matrix width) and fp8 (`engine-fp8`) weights, each also with an fp8 LM head
 (`-fp8head`) or an fp8 KV cache (`-kvfp8`). A quantised path's realised reduction is measured
 against `engine`. Each cell also records its time to first token, and an int4 cell its group
-size (its floor counts that group's scales and zero points: traffic.resolve_weight_format)."""
+size (its floor counts that group's scales and zero points: traffic.resolve_weight_format).
+With `+verifyK` each timed step is the engine's verify step of K tokens (floorline.engine
+.speculate), whose floor is the one-token step's: it reads the same weights and cache."""
 
 from __future__ import annotations
 
@@ -20,6 +22,16 @@ class EngineSession(Session):
     def __init__(self, engine, device: str, seed: int):
         self.engine, self.device, self.seed = engine, device, seed
         self.timing = {}
+        self.drafts: list[int] = []  # +verifyK: the K - 1 tokens each verify step checks
+
+    def verify_tokens(self, k: int) -> None:
+        """Time the verify step of k tokens (Engine.verify) in place of the one-token step: the
+        current token and k - 1 fixed ones, of which none is kept, so that each step moves one
+        position on and reads the cache a one-token step at that position would."""
+        import torch
+
+        self.drafts = torch.randint(self.engine.config.vocab, (k - 1,),
+                                    generator=torch.Generator().manual_seed(self.seed)).tolist()
 
     def prefill(self, ctx: int) -> None:
         """The prompt's prefill, timed to its first token read back (after a prefill of two
@@ -43,8 +55,12 @@ class EngineSession(Session):
             self.engine.capture()
 
     def prefill_details(self) -> dict:
-        group = self.engine.group_size
-        return self.timing if group is None else {**self.timing, "group_size": group}
+        details = dict(self.timing)
+        if self.engine.group_size is not None:
+            details["group_size"] = self.engine.group_size
+        if self.drafts:
+            details["verify_tokens"] = len(self.drafts) + 1
+        return details
 
     def window_logits(self, ids):
         """The window prefilled into the cache from position 0, every position's logits through
@@ -56,7 +72,11 @@ class EngineSession(Session):
         return logits
 
     def step(self) -> None:
-        self.engine.step()
+        if not self.drafts:
+            self.engine.step()
+            return
+        rows = self.engine.verify(self.drafts)
+        self.engine.seek(self.engine.filled + 1, rows.next[:1])  # on the device: no wait
 
     def close(self) -> None:
         import torch
@@ -95,11 +115,12 @@ class EnginePath(DecodePath):
         return None
 
     def versions(self) -> dict:
-        try:
-            import triton
-        except ImportError:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:  # read from its metadata: importing Triton takes a tenth of a second
+            return {"triton": version("triton")}
+        except PackageNotFoundError:
             return {}
-        return {"triton": triton.__version__}
 
     def open(self, model_spec, device: str, capacity: int, seed: int) -> Session:
         # The engine loads torch and Triton: imported when a session opens, so that listing

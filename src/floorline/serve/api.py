@@ -30,12 +30,15 @@ from floorline.engine.generate import (
     DTYPES,
     TextStream,
     check_tokenizer,
+    draft_engine,
     eos_ids,
     load_tokenizer,
 )
 from floorline.engine.kvcache import check_format
+from floorline.engine.model import VERIFY_MAX
 from floorline.engine.runtime import Engine
 from floorline.engine.sampling import Sampler
+from floorline.engine.speculate import AUTO, DraftLength, Speculator, drafter_for
 from floorline.errors import FloorlineError, one_line
 from floorline.hardware import detect
 from floorline.models import resolve_model
@@ -62,6 +65,7 @@ class Report:
     decode_ms: float  # the steps after the first token, each read back
     ms_per_token: float | None
     fraction_of_floor: float | None  # the floor at the final context over ms/token
+    speculation: dict | None = None  # with a drafter: what it and the verify steps did
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -86,13 +90,16 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class Model:
     """A trained model on the engine, loaded once (`model`: a fetched name or a checkpoint
     directory; the formats as `floorline generate` takes them). `context`: the positions kept,
-    prompt and reply together (default the model's limit, at most DEFAULT_CONTEXT). One
-    request at a time: a second caller waits for the first (a lock)."""
+    prompt and reply together (default the model's limit, at most DEFAULT_CONTEXT). `draft`
+    ('lookup' or a draft model's directory) and `draft_tokens` turn on speculative decoding
+    for every request, as `floorline generate` has them. One request at a time: a second
+    caller waits for the first (a lock)."""
 
     def __init__(self, model: str, *, device: str | None = None, dtype: str = "bfloat16",
                  weights: str | None = None, head: str = "bf16", kv: str = "bf16",
                  group_size: int | None = None, context: int | None = None,
-                 reuse_prefix: bool = True):
+                 reuse_prefix: bool = True, draft: str | None = None,
+                 draft_tokens: int | str = AUTO):
         if dtype not in DTYPES:
             raise FloorlineError(f"dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
         check_format(kv)
@@ -116,10 +123,18 @@ class Model:
         self.eos = eos_ids(self.spec.weights_dir, self.spec.config, self.tokenizer)
         if self.cuda and torch.device(self.device).index is not None:
             torch.cuda.set_device(self.device)
-        # one position more than a request may use: a prefill must leave room for a step
-        self.engine = Engine(self.spec, self.device, self.context + 1,
-                             dtype=DTYPES[dtype][0], weights=weights, head=head, kv=kv,
-                             group_size=group_size)
+        # one position more than a request may use: a prefill must leave room for a step (and
+        # with speculation, room for a verify step's drafts)
+        capacity = self.context + 1 + (VERIFY_MAX if draft is not None else 0)
+        if limit is not None:
+            capacity = min(capacity, limit)
+        self.engine = Engine(self.spec, self.device, capacity, dtype=DTYPES[dtype][0],
+                             weights=weights, head=head, kv=kv, group_size=group_size)
+        DraftLength(draft_tokens)  # checked now, not at the first request
+        self.draft_tokens = draft_tokens
+        self.drafter = None if draft is None else drafter_for(
+            draft, lambda path: draft_engine(path, self.tokenizer, self.device, capacity,
+                                             DTYPES[dtype][0]))
         e = self.engine
         self.weight_format = engine_weight_format(e.weights, e.head, DTYPES[dtype][1],
                                                   e.group_size)
@@ -207,6 +222,12 @@ class Model:
         pieces: list[str] = []
         stream = TextStream(self.tokenizer, pieces.append)
         sent, finish, decode_s = 0, None, 0.0
+        speculator = None
+        if self.drafter is not None:
+            speculator = Speculator(e, self.drafter, sampler, self.draft_tokens, seed)
+            speculator.start(prompt_ids, ids[0])
+        pending: list[int] = []  # a step's tokens not yet given to the reply
+        emitted = 0
         while True:
             stream.push(ids[-1])
             text = "".join(pieces)
@@ -226,12 +247,16 @@ class Model:
             if finish or cancelled():
                 break
             t0 = time.perf_counter()
-            if self.cuda and e.graph is None:
-                e.capture()
-            e.step()
-            ids.append(e.token.item())  # waits for the step
+            if not pending:
+                pending = self._step(speculator, prompt_ids + ids, max_tokens - len(ids) - 1)
+                emitted = len(pending)
+            ids.append(pending.pop(0))
+            if speculator is not None and not pending:  # the drafter back in step with ids
+                speculator.kept(prompt_ids + ids, emitted, emitted, True)
             decode_s += time.perf_counter() - t0
         finish = finish or "cancelled"
+        if speculator is not None and pending:
+            speculator.kept(prompt_ids + ids, emitted, emitted - len(pending), False)
         # The cache holds the prompt and every new token but the last, which no step has read.
         self.cached = prompt_ids + ids[:-1]
         self.last_token_ids = ids
@@ -242,7 +267,18 @@ class Model:
             f = floor(self.spec, self.gpu, len(self.cached), self.weight_format, self.kv_format)
             fraction = f.floor_ms / ms
         self.last_report = Report(len(prompt_ids), keep, len(ids), finish, prefill_ms, ttft_ms,
-                                  decode_s * 1e3, ms, fraction)
+                                  decode_s * 1e3, ms, fraction,
+                                  speculator and speculator.stats.as_dict())
+
+    def _step(self, speculator: Speculator | None, context: list[int], room: int) -> list[int]:
+        """One step's new tokens: a plain step's one, or a verify step's (`room`: drafts that
+        fit what the request may still take)."""
+        if speculator is not None:
+            return speculator.step(context, room)
+        if self.cuda and self.engine.graph is None:
+            self.engine.capture()
+        self.engine.step()
+        return [self.engine.token.item()]  # waits for the step
 
     def close(self) -> None:
         self.engine.close()

@@ -462,15 +462,19 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
 def gemv_reference(x, w, out, *, config=None, norm=None, eps: float = 0.0, up=None, bias=None,
                    accumulate: bool = False, act: str = "silu") -> None:
     """The same contract in plain PyTorch: fp32 arithmetic, the kernel's rounding points, and a
-    quantised W dequantised to fp32 first (floorline.engine.quant)."""
+    quantised W dequantised to fp32 first (floorline.engine.quant). x may also be [m, K] rows
+    (out [m, N]), each normalised on its own."""
     xf = x.float()
     if norm is not None:
-        xf = xf * torch.rsqrt(xf.pow(2).mean() + eps) * norm.float()
-    y = dense(w) @ xf
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * norm.float()
+
+    def product(matrix):
+        return matrix @ xf if xf.dim() == 1 else xf @ matrix.T
+    y = product(dense(w))
     if up is not None:
         gate = (torch.nn.functional.gelu(y, approximate="tanh") if act == "gelu_tanh"
                 else torch.nn.functional.silu(y))
-        y = gate * (dense(up) @ xf)
+        y = gate * product(dense(up))
     if bias is not None:
         y = y + bias.float()
     if accumulate:

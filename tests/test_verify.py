@@ -1,0 +1,162 @@
+"""The engine's k-token verify step against k single decode steps: the same logits and the
+same cache, in every weight and cache format, on held-out family configs."""
+
+import pytest
+import torch
+from tests.test_engine_families import spec as family_spec
+
+from floorline.engine import Engine
+from floorline.engine.model import VERIFY_MAX
+from floorline.errors import FloorlineError
+from floorline.models import resolve_model
+
+PROMPT = [3, 17, 42, 5, 99, 7, 64, 12, 8, 30, 21, 2]
+
+
+def engine(spec, backend="reference", **formats) -> Engine:
+    return Engine(spec, "cpu", 96, dtype=torch.float32, backend=backend, seed=1, **formats)
+
+
+def single_steps(spec, k, **formats):
+    """k decode steps after the prompt: each step's input token and logits, and the cache."""
+    e = engine(spec, **formats)
+    e.prefill(torch.tensor(PROMPT))
+    inputs, logits = [], []
+    for _ in range(k):
+        inputs.append(e.token.item())
+        e.step()
+        logits.append(e.logits.clone())
+    return inputs, torch.stack(logits), e
+
+
+def cache_of(e, upto):
+    cache = e.decoder.cache
+    parts = [cache.k[..., :upto, :], cache.v[..., :upto, :] if cache.v.shape == cache.k.shape
+             else cache.v[..., :upto]]
+    if cache.scales(0) is not None:
+        parts += [s[..., :upto] for i in range(len(cache.k)) for s in cache.scales(i)]
+    return [p.float() for p in parts]
+
+
+@pytest.mark.parametrize("spec, formats", [
+    (resolve_model("tiny-llama"), {}),
+    (resolve_model("tiny-qwen2"), {"weights": "int4", "group_size": 32}),
+    (resolve_model("tiny-llama"), {"weights": "fp8", "head": "fp8"}),
+    (resolve_model("tiny-qwen2"), {"kv": "fp8"}),
+    (family_spec("gemma3"), {}),  # post-norms, soft-capped logits, a window of 24 crossed
+    (family_spec("phi3-longrope"), {}),  # partial rotary; long factors from position 40 on
+    (family_spec("qwen3"), {}),  # q and k norms
+], ids=lambda v: v.name if hasattr(v, "name") else "-".join(map(str, v.values())) or "bf16")
+def test_a_verify_step_equals_k_single_steps(spec, formats):
+    k = 8
+    # Past the prompt by 20 positions first, so that Gemma's window and Phi-3's original length
+    # of 40 fall inside the verified tokens.
+    e = engine(spec, **formats)
+    e.prefill(torch.tensor(PROMPT * 3))
+    start = e.filled
+    base_inputs, base_logits = [], []
+    reference = engine(spec, **formats)
+    reference.prefill(torch.tensor(PROMPT * 3))
+    for _ in range(k):
+        base_inputs.append(reference.token.item())
+        reference.step()
+        base_logits.append(reference.logits.clone())
+    rows = e.verify(base_inputs[1:])
+    assert torch.allclose(rows.logits, torch.stack(base_logits), rtol=1e-5, atol=1e-5)
+    assert rows.next.tolist() == [int(t.argmax()) for t in base_logits]
+    for mine, theirs in zip(cache_of(e, start + k), cache_of(reference, start + k)):
+        assert (mine - theirs).abs().max() <= 1e-5 * theirs.abs().max()
+    # token and position are the caller's to move: accepting all k continues as the steps did
+    assert e.position.item() == start
+    e.seek(start + k, rows.next[k - 1].item())
+    e.step()
+    reference.step()
+    assert torch.allclose(e.logits, reference.logits, rtol=1e-5, atol=1e-5)
+
+
+def test_the_kernels_verify_as_the_reference_does():
+    # the Triton products for several rows and the per-token attention, in the interpreter
+    spec = resolve_model("tiny-llama")
+    mine, theirs = engine(spec, backend="triton"), engine(spec)
+    for e in (mine, theirs):
+        e.prefill(torch.tensor(PROMPT))
+    drafts = [5, 6, 7]
+    a, b = mine.verify(drafts), theirs.verify(drafts)
+    assert torch.allclose(a.logits, b.logits, rtol=1e-4, atol=1e-4)
+    assert a.next.tolist() == b.next.tolist()
+
+
+def test_a_verify_step_past_the_cache_or_too_long_is_refused():
+    e = engine(resolve_model("tiny-llama"))
+    e.prefill(torch.tensor(PROMPT))
+    with pytest.raises(FloorlineError, match=f"1 to {VERIFY_MAX} tokens"):
+        e.verify([1] * VERIFY_MAX)
+    small = Engine(resolve_model("tiny-llama"), "cpu", len(PROMPT) + 3, dtype=torch.float32)
+    small.prefill(torch.tensor(PROMPT))
+    with pytest.raises(FloorlineError, match="no room"):
+        small.verify([1, 2, 3])
+
+
+@pytest.mark.parametrize("fmt, dtype", [("bf16", torch.float32), ("bf16", torch.bfloat16),
+                                        ("int4", torch.float32), ("int4", torch.bfloat16),
+                                        ("fp8", torch.float32), ("fp8", torch.bfloat16)])
+@pytest.mark.parametrize("fusion", ["norm-bias", "swiglu", "gelu", "accumulate"])
+def test_the_rows_product_matches_the_reference(fmt, dtype, fusion):
+    from floorline.engine.kernels.gemv import gemv_reference
+    from floorline.engine.kernels.rows import rows_product
+    from floorline.engine.quant import quantise
+
+    torch.manual_seed(0)
+    m, n, k = 5, 96, 192  # n not a multiple of the block: masked columns
+
+    def matrix():
+        w = (torch.randn(n, k) * 0.05).to(dtype)
+        return w if fmt == "bf16" else quantise(w, fmt, group_size=64)
+    w = matrix()
+    up = matrix() if fusion in ("swiglu", "gelu") else None
+    x = torch.randn(m, k) * 3
+    norm = torch.rand(k).to(dtype) + 0.5 if fusion == "norm-bias" else None
+    bias = torch.randn(n).to(dtype) if fusion == "norm-bias" else None
+    accumulate = fusion == "accumulate"
+    if accumulate:
+        x = x.to(dtype)  # a product into the residual rows takes the 16-bit activations
+    out_dtype = torch.float32 if accumulate else dtype
+    mine, theirs = (torch.randn(m, n).to(out_dtype) for _ in range(2))
+    theirs.copy_(mine)
+    options = dict(norm=norm, eps=1e-6, up=up, bias=bias, accumulate=accumulate,
+                   act="gelu_tanh" if fusion == "gelu" else "silu")
+    rows_product(x, w, mine, **options)
+    gemv_reference(x, w, theirs, **options)
+    # fp32: IEEE dots; 16-bit: x in two 16-bit parts (about 2^-16), then the output's rounding
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    assert torch.allclose(mine.float(), theirs.float(), rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("engine+verify1", "K from 2 to 16"), ("engine+verify17", "K from 2 to 16"),
+    ("engine+verifyx", "K from 2 to 16"), ("hf-eager+verify4", "on the engine's paths only"),
+    ("engine+verify4+verify4", "repeats an option"),
+])
+def test_a_verify_path_names_its_tokens(text, message):
+    from floorline.paths import parse_path
+
+    with pytest.raises(FloorlineError, match=message):
+        parse_path(text)
+
+
+def test_a_verify_cell_times_the_verify_step_against_the_one_step_floor(tmp_path, cli):
+    import json
+
+    from floorline.paths import parse_path
+
+    assert parse_path("engine-int4+verify8").name == "engine-int4+verify8"
+    db = tmp_path / "r.db"
+    cli("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "16", "--paths",
+        "engine,engine+verify8", "--steps", "3", "--warmup", "1", "--device", "cpu", "--gpu",
+        "h200", check=True)
+    cells = {c["path"]: c for c in json.loads(cli("show", "--db", db, "--json",
+                                                  check=True).stdout)}
+    one, eight = cells["engine"], cells["engine+verify8"]
+    assert one["status"] == eight["status"] == "valid"
+    assert eight["details"]["verify_tokens"] == 8 and "verify_tokens" not in one["details"]
+    assert eight["floor_ms"] == one["floor_ms"]  # the same weights and cache are read
