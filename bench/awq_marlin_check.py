@@ -9,7 +9,7 @@ engine's against Marlin's, and at how many positions their greedy tokens agree.
     FLOORLINE_MARLIN_LIB=/path/floorline_marlin.so python bench/awq_marlin_check.py \
         --models qwen2.5-7b,llama-3.1-8b [--json out.json]
 
-Marlin needs a CUDA GPU and its library (kernels/marlin/build.sh); without them its side says
+Marlin needs a CUDA GPU and its library (third_party/marlin/build.sh); without them its side says
 why it did not run, and the engine's side still runs (on a CPU through its reference kernels,
 in float32), which checks this script on a tiny config: --models tiny-llama.
 """

@@ -22,10 +22,11 @@ from floorline.engine.kernels.gemv import gemv_reference
 from floorline.engine.kvcache import KV_FORMATS, KVCache
 from floorline.engine.model import DecoderConfig, attention_block_t, attention_splits
 from floorline.engine.ops import TritonOps
-from floorline.engine.quant import FORMATS, HEAD_FORMATS, format_of, quantize
+from floorline.engine.quant import FORMATS, HEAD_FORMATS, format_of, quantise
 from floorline.engine.quant import nbytes as weight_nbytes
-from floorline.engine.tuning import random_like, rotation_copies, time_graph
+from floorline.engine.tuning import random_like, time_graph
 from floorline.models import resolve_model
+from floorline.timing import rotation_copies
 
 
 def gemv_rows(c: DecoderConfig, ops: TritonOps, weights: str = "bf16",
@@ -34,7 +35,7 @@ def gemv_rows(c: DecoderConfig, ops: TritonOps, weights: str = "bf16",
         return torch.empty(shape, dtype=dtype, device="cuda").normal_(0, 0.02)
 
     def matrix(n, k, is_head):
-        return quantize(draw(n, k), head if is_head else weights)
+        return quantise(draw(n, k), head if is_head else weights)
 
     # Gemma: o and down write a buffer that add_norm normalises into the residual stream
     into = "" if c.gemma else "+residual"

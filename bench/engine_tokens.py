@@ -1,35 +1,28 @@
 """The step's argmax and embedding kernels (floorline.engine.kernels.tokens) on the GPU: the
 argmax against torch.argmax on 200 random vectors per vocabulary size (a third with a three-way
 tie for the largest value), and each one's time per launch replayed from a CUDA graph of 100
-launches; then the embedding row against PyTorch's lookup, bit for bit.
+launches (the median of 10 replays); then the embedding row against PyTorch's lookup, bit for bit.
 
     PYTHONPATH=src python bench/engine_tokens.py
 """
 
-import time
 from functools import partial
 
 import torch
 
 from floorline.engine.kernels.tokens import argmax, argmax_scratch, embed, embed_reference
+from floorline.engine.tuning import time_graph
 
 VOCABS = (128256, 152064, 262144)  # Llama 3, Qwen2.5, Gemma 3
 
 
 def per_launch_us(launch) -> float:
-    graph = torch.cuda.CUDAGraph()
-    launch()
-    torch.cuda.synchronize()
-    with torch.cuda.graph(graph):
+    """Median microseconds a launch, from replays of a graph of 100 launches timed by the
+    project's step timer."""
+    def hundred() -> None:
         for _ in range(100):
             launch()
-    graph.replay()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(10):
-        graph.replay()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / 1000 * 1e6
+    return time_graph(hundred) / 100
 
 
 def main() -> None:

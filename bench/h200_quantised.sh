@@ -10,7 +10,7 @@
 #   bash bench/h200_quantised.sh llamacpp-debug   the llamacpp path on a small model under cuda-gdb
 # Carried in .whl/ (no registry there): wheels of bitsandbytes (CUDA 13.0 library only),
 # torchao, exllamav2, gguf, diskcache; the llama-cpp-python sdist as .tar.xz, stripped of what a
-# build does not need; floorline_marlin.so (kernels/marlin/build.sh). Built artefacts are kept in
+# build does not need; floorline_marlin.so (third_party/marlin/build.sh). Built artefacts are kept in
 # .whl/built/ when a run copies them back.
 # Where each run copies the working tree to the GPU machine anew, tracked databases included, a
 # sweep left running in the background across runs loses its rows to the fresh copy. Give such

@@ -3,7 +3,8 @@
 # default protocol (64 timed steps after the warm-up: 8 steps before the automatic warm-up
 # existed, until steady since; random weights from the real configs)
 # merged into bench/results/h200_all.db, then one report in docs/report-h200/ with a screenshot
-# of its first screen in headless Chromium.
+# of its first screen in headless Chromium; and the README's headline figure,
+# docs/figures/headline-h200.png.
 # Left out: h200_checkpoint.db, a smoke test that a checkpoint directory loads (a tiny Qwen2 of
 # 0.6 MB of weights in a temporary folder, ctx 128), not a measurement of a real model.
 set -euo pipefail
@@ -22,5 +23,21 @@ $PY -m floorline report --db $R/h200_all.db --out docs/report-h200
 chromium --headless --no-sandbox --disable-gpu --disable-background-networking \
   --disable-component-update --disable-sync --no-first-run --window-size=1200,900 \
   --screenshot=docs/report-h200/first-screen.png "file://$PWD/docs/report-h200/index.html"
+# The README's headline figure: the runs its table quotes (bench/quote_tables.py: each path from
+# the first database with a steady run of it), drawn as the report draws its first figure.
+mkdir -p docs/figures
+$PY - <<'EOF'
+import sys
+
+sys.path.insert(0, "bench")
+from quote_tables import HEADLINE, HEADLINE_PATHS, HEADLINE_SOURCES, RESULTS, rows_of
+
+from floorline.report.figures import png
+from floorline.report.headline import headline, quoted
+
+sources = [rows_of(name, RESULTS)[0] for name in HEADLINE_SOURCES]
+fig, _, _ = headline(quoted(sources, *HEADLINE, HEADLINE_PATHS))
+open("docs/figures/headline-h200.png", "wb").write(png(fig))
+EOF
 grep -A2 "^## Forecast accuracy" docs/report-h200/report.md
 grep -A5 "^## Forecast of the study" docs/report-h200/report.md

@@ -25,7 +25,7 @@ def check(name: str) -> bool:
     for out_f, in_f in SHAPES:
         g = torch.Generator("cuda").manual_seed(out_f + in_f)
         tensors = path.layout.random(out_f, in_f, path.group_size, g, "cuda")
-        weight = path.layout.dequantize(tensors, path.group_size)  # before any in-place repack
+        weight = path.layout.dequantise(tensors, path.group_size)  # before any in-place repack
         bias = torch.randn(out_f, device="cuda", dtype=torch.float16) * 0.01
         linear = path.make_linear(tensors, bias, "cuda", {})
         errors = []

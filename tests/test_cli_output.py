@@ -1,6 +1,7 @@
 """What the command line prints beyond its results: progress with the time left, each table
 once, whole lines, and none of the libraries' noise a user did not ask for."""
 
+import json
 import re
 import subprocess
 import sys
@@ -63,3 +64,11 @@ def test_bitsandbytes_on_the_cpu_prints_nothing_on_import():
     proc = subprocess.run([sys.executable, "-c", "import floorline.paths, bitsandbytes"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "kernels-community" not in proc.stderr, proc.stderr
+
+
+def test_an_instruct_id_says_in_one_line_which_shipped_config_stands_in():
+    proc = run_cli("floor", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "h200", "--ctx",
+                   "2048", "--json", check=True)
+    assert [f["model"] for f in json.loads(proc.stdout)] == ["qwen2.5-7b"]
+    assert proc.stderr == ("note: the shipped config qwen2.5-7b stands in for "
+                           "Qwen/Qwen2.5-7B-Instruct (the same architecture and shapes)\n")

@@ -102,7 +102,7 @@ def test_every_tuning_tile_of_the_small_groups_matches_the_reference(group):
     def draw(*shape, scale=1.0):
         return torch.randn(shape, generator=g) * scale
 
-    w, up = (quant.quantize_int4(draw(n, k, scale=0.05), group) for _ in range(2))
+    w, up = (quant.quantise_int4(draw(n, k, scale=0.05), group) for _ in range(2))
     x, h = draw(k), draw(n)
     norm, bias = draw(k).bfloat16(), draw(n).bfloat16()
     configs = candidates(k, group)
@@ -132,7 +132,7 @@ def test_gguf_q4_0_blocks_are_int4_of_group_32():
     d = (torch.rand(n, k // 32, generator=g) * 0.01).to(torch.float16)
     w = quant.int4_from_integers(q, torch.full((n, k // 32), 8), d, 32)
     expected = (q - 8).float() * d.float().repeat_interleave(32, dim=1)
-    assert torch.equal(w.dequantize(), expected)
+    assert torch.equal(w.dequantise(), expected)
     x, mine, ref = torch.randn(k, generator=g), torch.zeros(n), torch.zeros(n)
     gemv(x, w, mine, config=candidates(k, 32)[0])
     gemv_reference(x, w, ref)

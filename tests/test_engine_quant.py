@@ -39,7 +39,7 @@ def test_int4_packing_puts_each_value_where_the_layout_says():
 def test_int4_dequantises_as_zero_and_scale_say():
     q = torch.tensor([[0, 15, 7, 8, 1, 2, 3, 4]]).repeat(4, 1)
     zeros, scales = torch.tensor([[8], [0], [15], [3]]), torch.tensor([[0.5], [1], [2], [0.25]])
-    w = quant.int4_from_integers(q, zeros, scales, 8).dequantize()
+    w = quant.int4_from_integers(q, zeros, scales, 8).dequantise()
     assert torch.equal(w, (q - zeros).float() * scales)
     with pytest.raises(ValueError, match="interleaves rows by 4"):
         quant.int4_from_integers(q[:3], zeros[:3], scales[:3], 8)
@@ -47,18 +47,18 @@ def test_int4_dequantises_as_zero_and_scale_say():
 
 def test_round_to_nearest_int4_keeps_every_weight_within_half_a_step():
     w = torch.randn(16, 256, generator=torch.Generator().manual_seed(1)) * 0.02
-    q = quant.quantize_int4(w, 128)
+    q = quant.quantise_int4(w, 128)
     step = quant.unpack_groups(q.scales).float().repeat_interleave(128, dim=1)
-    err = (q.dequantize() - w).abs()
+    err = (q.dequantise() - w).abs()
     assert (err <= step / 2 + 1e-6).all()
     assert q.zeros.max() <= 15 and q.nbytes == 16 * 256 // 2 + 16 * 2 * 2 + 16 * 2
 
 
 def test_fp8_rows_reach_e4m3s_range_and_round_to_it():
     w = torch.randn(8, 64, generator=torch.Generator().manual_seed(2))
-    f = quant.quantize_fp8(w)
+    f = quant.quantise_fp8(w)
     assert torch.allclose(f.weight.float().abs().amax(1), torch.full((8,), quant.FP8_MAX))
-    assert relative_error(f.dequantize(), w) < 0.04  # e4m3 keeps 3 mantissa bits
+    assert relative_error(f.dequantise(), w) < 0.04  # e4m3 keeps 3 mantissa bits
 
 
 @pytest.mark.parametrize("layout, convert", [(awq, quant.int4_from_awq),
@@ -70,7 +70,7 @@ def test_awq_and_gptq_repack_to_the_same_matrix(layout, convert):
         zeros = zeros.clamp(min=1)
     tensors = layout.pack(q, zeros, scales, 128)
     mine = convert(tensors, 128)
-    assert torch.equal(mine.dequantize(torch.float16), layout.dequantize(tensors, 128))
+    assert torch.equal(mine.dequantise(torch.float16), layout.dequantise(tensors, 128))
 
 
 def test_gptq_with_act_order_is_refused():
@@ -86,7 +86,7 @@ def test_fp8_checkpoint_scales_per_row_or_tensor_and_block_scales_refused():
     assert torch.equal(quant.fp8_from_checkpoint(w, torch.tensor([2.0])).scale,
                        torch.full((4,), 2.0))
     rows = torch.arange(1.0, 5.0)[:, None]
-    assert torch.equal(quant.fp8_from_checkpoint(w, rows).dequantize(), w.float() * rows)
+    assert torch.equal(quant.fp8_from_checkpoint(w, rows).dequantise(), w.float() * rows)
     with pytest.raises(ValueError, match="block-wise"):
         quant.fp8_from_checkpoint(w, torch.ones(1, 2))
 
@@ -97,7 +97,7 @@ def _draw(shape, g, dtype=torch.float32):
 
 def _weights(fmt, n, k, g, group):
     w = _draw((n, k), g) * 0.05
-    return quant.quantize(w, fmt, group)
+    return quant.quantise(w, fmt, group)
 
 
 GEMV_CONFIGS = [GemvConfig(8, 128), GemvConfig(16, 256, num_warps=8, words=2),
@@ -158,7 +158,7 @@ def test_int4_gemv_refuses_a_block_that_splits_a_group():
     with pytest.raises(ValueError, match="groups of 128"):
         gemv(x, w, out, config=GemvConfig(8, 64))
     with pytest.raises(ValueError, match="share a format"):
-        gemv(x, w, out, config=GemvConfig(8, 128), up=w.dequantize())
+        gemv(x, w, out, config=GemvConfig(8, 128), up=w.dequantise())
     with pytest.raises(ValueError, match="a power of two that divides"):
         gemv(x, w, out, config=GemvConfig(8, 128, words=3))
 
@@ -290,7 +290,7 @@ def test_a_16bit_checkpoint_is_quantised_at_load(tmp_path):
     engine = Engine(resolve_model(str(tmp_path)), "cpu", 32, dtype=torch.float32,
                     weights="int4", head="fp8")
     w = engine.decoder.w
-    direct = quant.quantize_int4(hf.model.layers[1].mlp.down_proj.weight.data, 128)
+    direct = quant.quantise_int4(hf.model.layers[1].mlp.down_proj.weight.data, 128)
     assert torch.equal(w.layers[1].wdown.qweight, direct.qweight)
     assert quant.format_of(w.head) == "fp8" and quant.format_of(w.layers[0].wqkv) == "int4"
 
@@ -304,7 +304,7 @@ def test_an_fp8_checkpoint_with_row_scales_loads_and_block_scales_are_refused(tm
     (shard,) = tmp_path.glob("*.safetensors")
     tensors = load_file(shard)
     for name in [n for n in tensors if n.endswith("_proj.weight")]:
-        q = quant.quantize_fp8(tensors[name])
+        q = quant.quantise_fp8(tensors[name])
         tensors[name], tensors[name + "_scale"] = q.weight, q.scale[:, None]
     save_file(tensors, shard, metadata={"format": "pt"})
     config = __import__("json").loads((tmp_path / "config.json").read_text())
@@ -376,7 +376,7 @@ def test_int4_tuning_candidates_are_whole_groups_and_row_blocks(group):
 def test_tuning_draws_weights_of_the_same_shape_and_bytes(fmt):
     from floorline.engine.tuning import random_like
 
-    w = quant.quantize(torch.randn(48, 256, dtype=torch.bfloat16), fmt)
+    w = quant.quantise(torch.randn(48, 256, dtype=torch.bfloat16), fmt)
     other = random_like(w, torch.Generator().manual_seed(0))
     assert type(other) is type(w) and other.shape == w.shape
     assert quant.nbytes(other) == quant.nbytes(w)

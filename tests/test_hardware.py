@@ -59,6 +59,24 @@ def test_unknown_gpu_name():
     assert lookup("H200").name == "h200"
 
 
+@pytest.mark.parametrize("name, suggested", [
+    # the names it is a whole word of first (h100-pcie, h100-sxm5), then by similarity
+    ("h100", "'h100-pcie', 'h100-sxm5' or 'h200'"),
+    ("A100", "'a100-40gb', 'a100-80gb-sxm4' or 'a10g'"),
+    ("4090", "'rtx-4090'"),
+    ("h20", "'h200'"),
+])
+def test_unknown_gpu_suggests_every_close_name_closest_first(name, suggested):
+    with pytest.raises(FloorlineError, match=rf"; did you mean {suggested}\?$"):
+        lookup(name)
+
+
+def test_no_suggestion_where_no_name_is_close():
+    with pytest.raises(FloorlineError) as refused:
+        lookup("tpu-v5")
+    assert "did you mean" not in str(refused.value)
+
+
 def test_nvml_handle_is_the_visible_gpus_not_nvmls_index(monkeypatch):
     # A worker pinned to the host's third GPU (CUDA_VISIBLE_DEVICES=2) sees it as torch device
     # 0; NVML's device 0 is the host's first GPU. The handle must be the third's, by UUID.

@@ -49,7 +49,7 @@ def test_round_trip_and_dequantisation(layout, shape):
     t = layout.pack(q, zeros, scales, 128)
     q2, zeros2 = layout.unpack(t)
     assert torch.equal(q2, q) and torch.equal(zeros2, zeros)
-    w = layout.dequantize(t, 128).float()
+    w = layout.dequantise(t, 128).float()
     for o, i in [(0, 0), (out_f - 1, in_f - 1), (out_f // 2, 130 % in_f)]:
         grp = i // 128
         assert w[o, i] == ((q[o, i] - zeros[grp, o]) * scales[grp, o].float()).half().float()
@@ -77,7 +77,7 @@ class DequantisedLinear(torch.nn.Module):
 
     def __init__(self, layout, tensors, bias):
         super().__init__()
-        self.weight = layout.dequantize(tensors, 128)
+        self.weight = layout.dequantise(tensors, 128)
         self.bias = bias
 
     def forward(self, x):
@@ -127,7 +127,7 @@ def test_a_packed_checkpoint_is_loaded_as_it_is(tmp_path, model_name):
     model = ReferencePacked().build(spec, "cpu", seed=0)
     q_proj = model.model.layers[1].self_attn.q_proj
     prefix = "model.layers.1.self_attn.q_proj"
-    expected = gptq.dequantize({k: tensors[f"{prefix}.{k}"] for k in gptq.TENSORS}, 128)
+    expected = gptq.dequantise({k: tensors[f"{prefix}.{k}"] for k in gptq.TENSORS}, 128)
     assert torch.equal(q_proj.weight, expected)
     if model_name == "tiny-qwen2":  # Qwen2's q/k/v bias comes from the checkpoint too
         assert torch.equal(q_proj.bias, tensors[f"{prefix}.bias"])

@@ -1,11 +1,28 @@
+import functools
 import json
+import re
 
 import pytest
 import torch
+from tests.test_engine_families import CONFIGS as FAMILY_CONFIGS
+from tests.test_engine_families import spec as family_spec
 
 from conftest import shipped_config
+from floorline import traffic
 from floorline.errors import FloorlineError
-from floorline.models import build_model, resolve_model
+from floorline.hardware import lookup
+from floorline.models import build_model, resolve_model, shipped_models
+from floorline.models.zoo import SOURCES, ModelSpec, ShippedConfig, _config_from_dict, stand_in
+from floorline.traffic import (
+    FAMILIES,
+    KV_FORMATS,
+    WEIGHT_FORMATS,
+    counts_from_model,
+    counts_from_sizes,
+    floor,
+    kv_heads_and_dim,
+    kv_layout,
+)
 
 
 def test_random_weights_are_seeded_realistic_and_not_zero():
@@ -92,3 +109,93 @@ def test_shipped_models_resolve_in_any_case_and_by_their_hub_id(tmp_path, cli):
     proc = cli("floor", "--model", "Qwen/Qwen2.5-7B", "--gpu", "h200", "--ctx", "2048", "--json",
                check=True)
     assert json.loads(proc.stdout)[0]["model"] == "qwen2.5-7b"
+
+
+# --- counted from the config, no model built ------------------------------------------------------
+
+def arithmetic_and_built(model_spec):
+    text = model_spec.text
+    return counts_from_sizes(text, FAMILIES[text.model_type]), counts_from_model(model_spec)
+
+
+@pytest.mark.parametrize("name", shipped_models())
+def test_shipped_parameters_counted_from_the_config_are_the_built_models(name):
+    counted, built = arithmetic_and_built(resolve_model(name))
+    assert counted == built  # every linear's shape, in the model's order, and every total
+
+
+@pytest.mark.parametrize("name", FAMILY_CONFIGS)
+def test_family_parameters_counted_from_the_config_are_the_built_models(name):
+    counted, built = arithmetic_and_built(family_spec(name))
+    assert counted == built
+
+
+@pytest.mark.parametrize("name, data", [
+    ("llama-biases", {**shipped_config("tiny-llama"), "attention_bias": True, "mlp_bias": True}),
+    ("qwen3-bias", {**FAMILY_CONFIGS["qwen3"], "attention_bias": True}),
+    ("gemma3-bias", {**FAMILY_CONFIGS["gemma3"], "attention_bias": True}),
+])
+def test_biases_a_config_asks_for_are_counted_as_built(name, data):
+    counted, built = arithmetic_and_built(ModelSpec(name, _config_from_dict(data, name)))
+    assert counted.linear_bias > 0 and counted == built
+
+
+@pytest.mark.parametrize("name", shipped_models())
+def test_floor_bytes_are_those_of_transformers_config_and_the_built_model(name, monkeypatch):
+    # before: transformers' config and the model built on the meta device; now: the shipped
+    # config's fields and arithmetic, with no transformers import
+    shipped = resolve_model(name)
+    built = ModelSpec(name, shipped.config)
+    assert isinstance(shipped.text, ShippedConfig) and not isinstance(built.text, ShippedConfig)
+    gpu = lookup("h200")
+
+    def floor_bytes(model_spec):
+        return [(f.weight_format, f.weight_bytes, f.kv_bytes, f.total_bytes,
+                 f.total_bytes_all_params)
+                for weights in WEIGHT_FORMATS for kv in KV_FORMATS for ctx in (1, 777, 4096, 131072)
+                for f in [floor(model_spec, gpu, ctx, weights, kv)]]
+
+    now = floor_bytes(shipped)
+    monkeypatch.setattr(traffic, "count_parameters", functools.cache(counts_from_model))
+    assert floor_bytes(built) == now
+    fields = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads")
+    assert [getattr(shipped.text, f) for f in fields] == [getattr(built.text, f) for f in fields]
+    assert kv_layout(shipped.text) == kv_layout(built.text)
+    assert kv_heads_and_dim(shipped.text) == kv_heads_and_dim(built.text)
+    assert shipped.max_context == built.max_context
+
+
+# --- names ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant, shipped", [
+    ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"),
+    ("Qwen/Qwen2.5-1.5B-Instruct", "qwen2.5-1.5b"),
+    ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"),
+    ("meta-llama/Llama-3.2-1B-Instruct", "llama-3.2-1b"),
+    ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b-v0.3"),
+    ("gemma-3-4b-it", "gemma-3-4b"),
+    ("phi-4-mini-instruct", "phi-4-mini"),
+    ("qwen3-8b-chat", "qwen3-8b"),
+])
+def test_instruct_and_chat_ids_run_as_their_shipped_config(variant, shipped):
+    assert resolve_model(variant).name == shipped and stand_in(variant) == shipped
+
+
+def test_stand_in_is_only_for_a_tuned_variant():
+    for name in ("qwen2.5-7b", "Qwen/Qwen2.5-7B", "google/gemma-3-4b-it", "no-such-model"):
+        assert stand_in(name) is None, name
+    # another release under the same name is another config: refused, its base suggested first
+    with pytest.raises(FloorlineError, match=r"unknown model .*did you mean 'qwen3-4b' or"):
+        resolve_model("Qwen/Qwen3-4B-Instruct-2507")
+
+
+def test_unknown_model_suggests_every_close_name_closest_first():
+    with pytest.raises(FloorlineError,
+                       match=r"did you mean 'llama-3.1-8b' or 'llama-3.2-1b'\?$"):
+        resolve_model("llama3-8b")
+    # a whole word of a name or id (here the Hugging Face organisation) makes it close
+    with pytest.raises(FloorlineError) as refused:
+        resolve_model("qwen")
+    suggested = re.findall(r"'([^']+)'", str(refused.value).split("did you mean")[1])
+    assert sorted(suggested) == sorted(n for n, s in SOURCES.items() if s.startswith("Qwen/"))
+

@@ -202,3 +202,37 @@ def test_predict_json_names_every_term_and_its_source(tmp_path):
     assert f["host_ms"] == pytest.approx(terms["launches per layer"]["value"] * 32
                                          * terms["host cost per launch"]["value"] / 1e3)
     assert all(t["source"] for t in terms.values())
+
+
+@pytest.mark.parametrize("gpu, ctx, message", [
+    ("h200", 2**31 - 1, "ctx 2147483647 is above llama-3.1-8b's 131072 positions"),
+    ("h200", 10**6, "ctx 1000000 is above llama-3.1-8b's 131072 positions"),
+    # 16.1 GB of weights and 17.2 GB of KV cache (128 KiB a position) in an L4's 24 GB
+    ("l4", 131072, "holds 33.2 GB (weights 16.1, KV cache 17.2), more than the l4's 24 GB"),
+])
+def test_predict_refuses_a_step_that_cannot_run(tmp_path, gpu, ctx, message):
+    proc = run_cli("predict", "--model", "llama-3.1-8b", "--path", "engine", "--gpu", gpu,
+                   "--ctx", ctx, cwd=tmp_path, env=SRC)
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("floorline: error: no forecast: ") and message in proc.stderr
+
+
+def test_a_zero_median_in_the_database_is_refused_in_one_line(tmp_path):
+    import sqlite3
+
+    from floorline.records import VALID, CellKey, CellResult
+    from floorline.store import Store
+
+    db = tmp_path / "r.db"
+    store = Store(db)
+    for ctx in (2048, 16384):
+        store.add(CellResult(CellKey("llama-3.1-8b", ctx, "engine", 8, 2), "h200", VALID, None,
+                             [5.0], {"median_ms": 5.0}, {"floor_ms": 4.0, "total_bytes": 10**10}),
+                  {}, "env")
+    store.close()
+    sqlite3.connect(db).execute("UPDATE cells SET median_ms = 0 WHERE id = 2").connection.commit()
+    proc = run_cli("predict", "--model", "llama-3.1-8b", "--path", "engine", "--gpu", "h200",
+                   "--db", db, cwd=tmp_path, env=SRC)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert (f"floorline: error: {db} cell 2: valid with median_ms 0.0, which no measured cell "
+            "has (a damaged row)") in proc.stderr

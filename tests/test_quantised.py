@@ -164,7 +164,7 @@ def test_quantised_cell_carries_its_reference_floor():
 def test_awq_marlin_says_how_to_build_its_kernels(monkeypatch, tmp_path):
     assert unavailable(parse_path("awq-marlin"), "cpu") == "the Marlin kernels run on CUDA only"
     monkeypatch.delenv("FLOORLINE_MARLIN_LIB", raising=False)
-    assert "bash kernels/marlin/build.sh" in unavailable(parse_path("awq-marlin"), "cuda")
+    assert "bash third_party/marlin/build.sh" in unavailable(parse_path("awq-marlin"), "cuda")
     monkeypatch.setenv("FLOORLINE_MARLIN_LIB", str(tmp_path / "none.so"))
     assert unavailable(parse_path("awq-marlin"), "cuda").endswith("none.so is not a file")
 

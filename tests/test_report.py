@@ -1,9 +1,11 @@
 """The report: from a small database, from an empty one, and rendered in a real browser."""
 
+import io
 import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +13,8 @@ from conftest import run_cli
 from floorline.records import INVALID, VALID, CellKey, CellResult
 from floorline.report.build import build_report
 from floorline.store import Store
+
+RESULTS = Path(__file__).parents[1] / "bench" / "results"
 
 
 def small_db(path):
@@ -36,11 +40,12 @@ def small_db(path):
 
 def test_report_from_a_small_database(tmp_path):
     written = build_report(small_db(tmp_path / "r.db"), tmp_path / "out")
-    assert len(written["figures"]) == 6 and written["figures"][0] == "fig1_headline.png"
+    assert written["figures"][0] == "fig1_headline.png" and len(written["figures"]) == 7
+    assert written["figures"][-1] == "fig9_ladders.png"  # every panel, after the body
     assert any("no A/B experiment" in m for m in written["missing"])
     assert any("no quantised cells" in m for m in written["missing"])
     page = (tmp_path / "out" / "index.html").read_text()
-    assert page.count("data:image/png;base64,") == 6  # self-contained
+    assert page.count("data:image/png;base64,") == 7  # self-contained
     assert "`" not in page  # code spans are <code>, not Markdown backticks
     assert "context above the model&#x27;s limit: test" in page
     assert "Drawn from cells 1, 2, 3, 4 of this database" in page
@@ -69,16 +74,16 @@ def test_report_from_an_empty_database(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.startswith("missing: ")]
     assert lines[0] == ("missing: figure 1: There are no valid cells yet: `floorline sweep` "
                         "measures them.")
-    assert len(lines) == 8  # every figure says what fills it
+    assert len(lines) == 9  # every figure says what fills it
     for line in lines:  # a whole sentence naming the command that fills it
         assert line.endswith(".") and "`floorline " in line, line
     page = (tmp_path / "out" / "index.html").read_text()
     assert "`" not in page and page.count("<code>floorline ") >= 6
     # Each empty table says why it is empty and which command fills it.
-    assert page.count("class='missing'") == 8 + 6
+    assert page.count("class='missing'") == 9 + 6
     md = (tmp_path / "out" / "report.md").read_text()
     assert "*This table is empty: each valid cell on a GPU of the catalogue" in md
-    assert "*This database holds no A/B experiment: `floorline ab` runs one.*" in md
+    assert "*This database holds no A/B experiment: `floorline ab --a " in md
 
 
 def test_report_bad_input(tmp_path):
@@ -100,11 +105,15 @@ def chromium():
 def test_every_image_loads_in_a_browser(tmp_path):
     build_report(small_db(tmp_path / "r.db"), tmp_path / "out")
     url = (tmp_path / "out" / "index.html").as_uri()
-    dom = subprocess.run(chromium() + ["--virtual-time-budget=5000", "--dump-dom", url],
+    dom = subprocess.run(chromium() + ["--window-size=1200,900", "--virtual-time-budget=5000",
+                                       "--dump-dom", url],
                          capture_output=True, text=True, timeout=120).stdout
     images = re.findall(r"<img[^>]*>", dom)
-    assert len(images) == 6
+    assert len(images) == 7
     assert all('data-loaded="1"' in img and "data-broken" not in img for img in images)
+    # The first screen holds the whole headline, at its own size.
+    bottom, scale = re.search(r'data-bottom="([\d.]+)" data-scale="([\d.]+)"', images[0]).groups()
+    assert float(bottom) <= 900 and float(scale) == 1
     shot = tmp_path / "shot.png"
     subprocess.run(chromium() + ["--window-size=1200,900", f"--screenshot={shot}", url],
                    capture_output=True, timeout=120)
@@ -131,48 +140,140 @@ def test_headline_bars_and_labels_come_from_the_database(tmp_path):
     store.add(*cell("m", 128, "hf-eager", 12.0, 1.0))  # a second run of the same class
     store.add(CellResult(CellKey("m", 128, "hf-static", 8, 2), "l4", INVALID, "out of memory"),
               {"device": "test"}, "env")
+    store.add(*cell("m", 128, "bnb-nf4", 20.0, 0.3, weight_format="nf4"))  # slower than engine
     rows = store.rows(latest=False)
     (panel,) = ladder(rows)
     # slowest first
-    assert [b["path"] for b in panel["bars"]] == ["hf-eager", "engine", "engine-int4"]
-    assert [b["ms"] for b in panel["bars"]] == [11.0, 2.0, 1.5]  # hf-eager: median of its two runs
-    assert [b["quantised"] for b in panel["bars"]] == [False, False, True]
+    assert [b["path"] for b in panel["bars"]] == ["bnb-nf4", "hf-eager", "engine", "engine-int4"]
+    assert [b["ms"] for b in panel["bars"]] == [20.0, 11.0, 2.0, 1.5]  # hf-eager: median of 2
     assert panel["floor_ms"] == 1.0
 
     fig, ids, missing = headline(rows)
+    # bnb-nf4, a quantised path slower than a 16-bit one, is left to the small multiples.
     assert missing is None and ids == [2, 3, 4, 5]
-    (ax,) = fig.axes
+    ax, table = fig.axes
     bars = [p for p in ax.patches if p.get_width() > 0]
-    assert [p.get_width() for p in bars] == [11.0, 2.0, 1.5]
+    # Each bar from its own floor to its ms, quantised ones hatched.
+    assert [(p.get_x(), p.get_x() + p.get_width()) for p in bars] == [
+        (1.0, 11.0), (1.0, 2.0), (0.4, 1.5)]
     assert [bool(p.get_hatch()) for p in bars] == [False, False, True]
-    # Labels: floor / ms, computed here from the numbers stored above.
-    assert [t.get_text() for t in ax.texts] == [
-        f"{100 * 1.0 / 11.0:.1f}% of the floor, median of 2 runs",
-        f"{100 * 1.0 / 2.0:.1f}% of the floor", f"{100 * 0.4 / 1.5:.1f}% of its floor"]
-    assert [t.get_text() for t in ax.texts] == [
-        "9.1% of the floor, median of 2 runs", "50.0% of the floor", "26.7% of its floor"]
+    assert [t.get_text() for t in table.texts] == [
+        "11.00", f"{100 * 1.0 / 11.0:.1f}%", "2",
+        "2.00", f"{100 * 1.0 / 2.0:.1f}%", "1",
+        "1.50", f"{100 * 0.4 / 1.5:.1f}%", "1"]
+    assert [t.get_text() for t in table.get_xticklabels()] == ["ms/step", "of floor", "runs"]
     floor_lines = [line for line in ax.lines if line.get_linestyle() == "--"]
     assert len(floor_lines) == 1 and floor_lines[0].get_xdata()[0] == 1.0
     left, right = ax.get_xlim()
-    assert left == 0 and right >= 12.0  # linear, and holds the slowest run
-    assert ax.get_xscale() == "linear"
+    assert left < 0.4 and right > 11.0 and ax.get_xscale() == "log"  # 0.4 to 11 ms: 27x
+    assert "not drawn: 1 quantised path slower" in ax.get_xlabel()
 
 
-def test_axes_fit_a_cpu_bandwidth(tmp_path):
-    from floorline.report.figures import fraction_vs_bandwidth
+def test_the_headline_of_the_h200_data_fits_a_readme():
+    """One panel, at README width and a few hundred pixels tall, from the committed results of
+    every model and context: Qwen2.5-7B at ctx 2048, the engine's formats among its paths."""
+    from PIL import Image
+
+    from floorline.report.figures import png
     from floorline.report.headline import headline
 
-    store = Store(tmp_path / "cpu.db")
-    store.add(*cell("tiny", 128, "hf-eager", 0.9, 0.03, peak=20.0))
-    store.add(*cell("tiny", 128, "engine", 0.3, 0.03, peak=20.0))
-    fig, _, _ = fraction_vs_bandwidth(store.rows())
+    rows = Store(RESULTS / "h200_all.db", read_only=True).rows(latest=False)
+    fig, _, _ = headline(rows)
+    assert fig.get_suptitle().startswith("qwen2.5-7b on h200, ctx 2048")
+    paths = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert {"hf-eager", "engine", "engine-fp8", "engine-int4"} <= set(paths)
+    width, height = Image.open(io.BytesIO(png(fig))).size
+    assert 850 <= width <= 950 and 300 <= height <= 600
+
+
+def test_the_readme_headline_figure_shows_the_readme_table():
+    from PIL import Image
+
+    from floorline.report.figures import png
+    from floorline.report.headline import headline, quoted
+    from test_quotes import quote_tables
+
+    tables = quote_tables()
+    sources = [tables.rows_of(name, tables.RESULTS)[0] for name in tables.HEADLINE_SOURCES]
+    fig, _, _ = headline(quoted(sources, *tables.HEADLINE, tables.HEADLINE_PATHS))
+    ax, table = fig.axes
+    cells = [t.get_text() for t in table.texts]  # ms/step, of floor, runs: a row per bar
+    drawn = {t.get_text(): cells[3 * i:3 * i + 2] for i, t in enumerate(ax.get_yticklabels())}
+    # | path | ms/step | of the floor | J/token | from |
+    rows = [line.strip("| ").split(" | ") for line in tables.headline().splitlines()[2:]]
+    assert {path: [ms.split()[0], fraction] for path, ms, fraction, *_ in rows} == drawn
+    width, height = Image.open(io.BytesIO(png(fig))).size
+    assert 850 <= width <= 950 and 300 <= height <= 600
+
+
+def test_a_cpu_report_suggests_only_what_runs_on_a_cpu(tmp_path, monkeypatch):
+    from floorline.paths import parse_path, unavailable
+    from floorline.report import here
+
+    monkeypatch.setattr(here, "device", lambda: "cpu")
+    db = tmp_path / "empty.db"
+    Store(db).close()
+    written = build_report(db, tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    commands = re.findall(r"`(floorline [^`]*)`", md)
+    named = [p for c in commands
+             for p in re.findall(r"--(?:a|b|path|paths) ([\w+,.-]+)", c)
+             for p in p.split(",")]
+    assert {"engine", "engine-int4"} <= set(named)  # the A/B, quantised and quality suggestions
+    assert [p for p in named if unavailable(parse_path(p), "cpu")] == []
+    assert any("floorline ab --a hf-eager --b engine" in m for m in written["missing"])
+    monkeypatch.setattr(here, "device", lambda: "cuda")
+    assert here.ab_command() == "`floorline ab --a hf-static --b hf-static+graphs`"
+
+
+def test_ratios_spanning_decades_are_on_a_log_axis():
+    from floorline.report.figures import ab_forest
+
+    fig, _, _ = ab_forest([{"id": 1, "a": "hf-eager", "b": "engine", "model": "m", "ctx": 128,
+                            "gpu": "l4", "sessions": 10, "speedup": 30.0, "ci_low": 28.0,
+                            "ci_high": 32.0}])
     (ax,) = fig.axes
-    low, high = ax.get_xlim()
-    assert low < 20.0 and high > 3350.0  # the CPU's cells and the study's H100 both in view
-    assert ax.yaxis.get_major_formatter()(0.5, 0) == "50%"
-    fig, _, _ = headline(store.rows(latest=False))
-    assert fig.axes[0].get_xlim()[1] > 0.9 and [t.get_text() for t in fig.axes[0].texts] == [
-        "3.3% of the floor", "10.0% of the floor"]
+    assert ax.get_xscale() == "log"
+    # The study's 1.028x and 1.259x stay apart beside a 30x ratio, each labelled.
+    x = [ax.transData.transform((v, 0))[0] for v in (1.028, 1.259)]
+    assert x[1] - x[0] > 20
+    assert {"1.03x", "1.26x", "30x"} <= {t.get_text() for t in ax.texts}
+
+
+def all_figures(tmp_path):
+    """Every figure of the report, drawn from a database that fills each but quality's."""
+    from floorline.report.build import FIGURES, read_sources
+
+    db = small_db(tmp_path / "r.db")
+    store = Store(db)
+    store.add(*cell("tiny-llama", 128, "engine-int4", 1.0, 0.05, weight_format="engine-int4-g128"))
+    for ctx, path, ms in ((128, "engine", 1.5), (512, "engine", 1.8)):
+        result, env, key = cell("tiny-llama", ctx, path, ms, 0.1)
+        result.details["energy"] = {"joules_per_token": ms / 2, "error_bound": 0.002}
+        store.add(result, env, key)
+    sources = read_sources(store)
+    sources["ab"] = [{"id": 1, "a": "hf-eager", "b": "engine", "model": "tiny-llama", "ctx": 128,
+                      "gpu": "l4", "sessions": 10, "speedup": 2.0, "ci_low": 1.9, "ci_high": 2.1}]
+    drawn = {key: draw(sources[source])[0] for key, _, source, draw in FIGURES}
+    return {key: fig for key, fig in drawn.items() if fig is not None}
+
+
+def test_no_legend_over_data_and_hatching_means_quantised(tmp_path):
+    figures = all_figures(tmp_path)
+    assert set(figures) == {"headline", "fraction", "context", "ab", "quantised",
+                            "decomposition", "energy", "ladders"}
+    for key, fig in figures.items():
+        fig.canvas.draw()
+        legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+        assert legends, key
+        for legend in legends:
+            box = legend.get_window_extent()
+            assert not any(box.overlaps(ax.get_window_extent()) for ax in fig.axes), key
+    ax = figures["quantised"].axes[0]
+    hatched = [bool(p.get_hatch()) for p in ax.patches]
+    formats = [t.get_text() for t in ax.get_yticklabels()]
+    # the study's bf16 bar is the only one not quantised, and the only one not hatched
+    assert [not h for h in hatched] == ["bf16" in f for f in formats]
 
 
 def test_names_with_markup_are_shown_as_text(tmp_path):

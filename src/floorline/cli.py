@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import json
 import os
 import random
@@ -11,7 +12,7 @@ import re
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -29,16 +30,11 @@ from rich.text import Text
 
 from floorline import hardware
 from floorline.errors import FloorlineError, one_line
-from floorline.forecast import calibration
-from floorline.forecast.accuracy import LEVEL, forecast
 from floorline.hardware import CATALOGUE, lookup
-from floorline.measure import fleet, provenance
-from floorline.measure.ab import Plan, check_plan, run_ab, run_recorded
 from floorline.measure.cell import check_floor
 from floorline.measure.energy import energy_problem
 from floorline.measure.explain import check_context, explain_into
 from floorline.measure.fingerprint import environment, fingerprint_key
-from floorline.measure.fleet import LOCAL_CUDA, check_cluster
 from floorline.measure.probe import check_buffer, probe_into
 from floorline.measure.quality import (
     RANDOM_WEIGHTS,
@@ -53,10 +49,10 @@ from floorline.measure.quality import describe as describe_quality
 from floorline.measure.reduction import describe, reductions
 from floorline.measure.runner import TIMEOUT_S, ChildFailed
 from floorline.measure.sweep import STUDY_CONTEXTS, Grid, Sweep, check_grid, default_grid
-from floorline.models import fetch, resolve_model, shipped_models
-from floorline.models.zoo import SOURCES
+from floorline.models import fetch, model_label, resolve_model, shipped_models
+from floorline.models.zoo import SOURCES, stand_in
 from floorline.paths import REGISTRY, parse_path, require_available, unavailable
-from floorline.records import UNSTEADY, VALID, key_steps, key_warmup
+from floorline.records import AUTO, UNSTEADY, VALID, key_steps, key_warmup
 from floorline.stats import percent
 from floorline.store import COLUMNS, CellRow, QualityRow, Store, merge, quality_by_cell
 from floorline.timing import REL_WIDTH
@@ -138,6 +134,10 @@ def parse_rel_width(rel_width: float | None, steps: int | None) -> float:
     if not 0 < rel_width < 1:
         raise FloorlineError(f"--rel-width must be above 0 and below 1 (a fraction of the "
                              f"median), got {rel_width:g}")
+    # The cell's key keeps the width to 6 significant digits (key_steps): a finer one would be
+    # measured, and found already measured, as its rounding.
+    if float(key_steps(None, rel_width).removeprefix(f"{AUTO}:")) != rel_width:
+        raise FloorlineError(f"--rel-width takes at most 6 significant digits, got {rel_width!r}")
     return rel_width
 
 
@@ -157,7 +157,14 @@ def one_context(text: str, command: str) -> int:
     return contexts[0]
 
 
+# What a GPU driver puts on Linux (NVIDIA, ROCm, WSL): where none is there, torch sees no CUDA
+# device, and is not loaded (seconds on a fresh machine) to say so.
+GPU_DRIVER_FILES = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+
 def default_device() -> str:
+    if sys.platform == "linux" and not any(map(os.path.exists, GPU_DRIVER_FILES)):
+        return "cpu"
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -165,13 +172,15 @@ def default_device() -> str:
 
 def check_device(device: str | None) -> str:
     """The --device asked for (None: the default); an empty or unknown one is refused."""
-    import torch
-
     if device is None:
         return default_device()
     if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
         raise FloorlineError(f"--device must be 'cpu' or 'cuda[:N]', got '{device}'")
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    if device == "cpu":
+        return device
+    import torch
+
+    if not torch.cuda.is_available():
         raise FloorlineError(f"device '{device}' asked for, but torch sees no CUDA device here")
     index = torch.device(device).index
     if index is not None and index >= torch.cuda.device_count():
@@ -184,22 +193,14 @@ def resolve_gpu(name: str | None, device: str):
     return hardware.detect(device) if name is None else hardware.lookup(name)
 
 
-def model_label(name: str, width: int = 40) -> str:
-    """A model's name for a table: a shipped name as it is, a local directory relative to the
-    working folder or home, and a long one shortened to its last two folders."""
-    if "/" not in name:
-        return name
-    path = Path(name)
-    for base, prefix in ((Path.cwd(), ""), (Path.home(), "~/")):
-        try:
-            path = Path(prefix + str(path.relative_to(base)))
-            break
-        except ValueError:
-            continue
-    label = str(path)
-    if len(label) <= width or len(path.parts) <= 2:
-        return label
-    return "…/" + "/".join(path.parts[-2:])
+def resolve_noted(model: str, trust_remote_code: bool = False):
+    """resolve_model, saying on stderr which shipped config stands in for an instruct or chat
+    model's name or id."""
+    model_spec = resolve_model(model, trust_remote_code)
+    if stand_in(model) == model_spec.name:
+        err.print(f"note: the shipped config {model_spec.name} stands in for {model} (the same "
+                  "architecture and shapes)", highlight=False, markup=False)
+    return model_spec
 
 
 def progress_bar():
@@ -228,6 +229,27 @@ def _num(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def fail(line: str) -> NoReturn:
+    """End a command whose every measurement failed: one line, exit 1 (bad input exits 2)."""
+    err.print(f"floorline: error: {line}", highlight=False, markup=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def interruptible(leaves: str):
+    """A command that Ctrl-C ends with one line saying what it leaves, and exit 130: typer
+    would turn the interrupt into a silent exit 130 before main() could see it."""
+    def wrap(command):
+        @functools.wraps(command)
+        def run(*args, **kwargs):
+            try:
+                return command(*args, **kwargs)
+            except KeyboardInterrupt:
+                err.print(f"floorline: interrupted; {leaves}", highlight=False, markup=False)
+                raise typer.Exit(130) from None
+        return run
+    return wrap
+
+
 models_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                          no_args_is_help=False, invoke_without_command=True)
 app.add_typer(models_app, name="models")
@@ -240,10 +262,12 @@ def models(ctx: typer.Context) -> None:
     if ctx.invoked_subcommand is not None:
         return
     table = Table("model", "architecture", "params", "layers", "hidden", "heads/kv", "max ctx",
-                  "tied", "source", title="Shipped configs (random weights)")
+                  "tied", "source", title="Shipped configs (random weights)",
+                  caption="an instruct or chat model's id (Qwen/Qwen2.5-7B-Instruct) runs as its "
+                          "base's shipped config")
     for name in shipped_models():
         model_spec = resolve_model(name)
-        cfg = model_spec.config.get_text_config()
+        cfg = model_spec.text
         counts = count_parameters(model_spec)
         kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         table.add_row(name, cfg.model_type, f"{counts.total / 1e9:.3f} B",
@@ -356,10 +380,11 @@ def floor_cmd(
 ) -> None:
     """Bytes one decode step must move and the floor they set: analytic, no GPU needed."""
     contexts = parse_contexts(ctx) or STUDY_CONTEXTS
-    model_spec = resolve_model(model, trust_remote_code)
-    if gpu is None and default_device() == "cpu":
+    named_gpu = None if gpu is None else lookup(gpu)  # refused before a config is read
+    model_spec = resolve_noted(model, trust_remote_code)
+    if named_gpu is None and default_device() == "cpu":
         raise FloorlineError("no GPU here to detect: pass --gpu (see `floorline gpus`)")
-    device_spec = resolve_gpu(gpu, "cuda")
+    device_spec = named_gpu or hardware.detect("cuda")
     floors = [check_floor(floor(model_spec, device_spec, c, weight_format, kv_dtype))
               for c in contexts]
     limit = model_spec.max_context
@@ -505,6 +530,7 @@ def cells_table(rows: list[CellRow], title: str, probes: dict[str, dict],
 
 
 @app.command()
+@interruptible("every finished cell is in the database")
 def sweep(
     models: Annotated[list[str] | None, typer.Option(
         help="Models (names or directories), comma-separated.")] = None,
@@ -632,6 +658,8 @@ def print_cell_notes(console: Console, cell, name: str) -> None:
 
 def fleet_device(device: str | None, cluster: str) -> str:
     """The device each worker of a --cluster measures on: its GPU, or with --device cpu its CPU."""
+    from floorline.measure.fleet import LOCAL_CUDA, check_cluster
+
     check_cluster(cluster)
     if device not in (None, "cuda", "cpu"):
         raise FloorlineError(f"with --cluster, --device is 'cuda' (each worker's own GPU) or "
@@ -648,6 +676,8 @@ def fleet_sweep(keys, db: Path, cluster: str, device: str, gpu, force: bool, see
     """`sweep --cluster`: the cells as tasks on the cluster's workers, each committed here as
     it ends, with the fleet's progress. The run's provenance is this machine's code; each
     row's environment is its worker's."""
+    from floorline.measure import fleet, provenance
+
     with fleet.Fleet(cluster) as f:
         store = Store(db)
         driver = {"code": provenance.code(), "flags": provenance.flags(),
@@ -689,6 +719,7 @@ def fleet_sweep(keys, db: Path, cluster: str, device: str, gpu, force: bool, see
 
 
 @app.command()
+@interruptible("every finished session is in the database")
 def ab(
     a: Annotated[str, typer.Option("--a", help="Baseline path, e.g. hf-static.")],
     b: Annotated[str, typer.Option("--b", help="Treatment path, e.g. hf-static+graphs.")],
@@ -716,25 +747,31 @@ def ab(
     label: LABEL_OPTION = None,
 ) -> None:
     """A/B of two paths over fresh sessions: speedup with a 95% BCa bootstrap interval."""
+    from floorline.measure import fleet
+    from floorline.measure.ab import Plan, check_plan, run_ab
+
     warmup_count = parse_count(warmup, "--warmup", 0)
     timeout_s = parse_timeout(timeout)
+    # names refused before torch loads (check_device)
+    arms, context = (parse_path(a).name, parse_path(b).name), one_context(ctx, "ab")
+    named_gpu = None if gpu is None else lookup(gpu)
+    resolve_model(model, trust_remote_code)
     device = check_device(device) if cluster is None else fleet_device(device, cluster)
+    seed = random.SystemRandom().randrange(2**31) if seed is None else seed
 
     def make_plan(gpu_name: str) -> Plan:
-        return Plan(parse_path(a).name, parse_path(b).name, model, one_context(ctx, "ab"),
-                    device, gpu_name, sessions, steps, block, warmup_count,
-                    random.SystemRandom().randrange(2**31) if seed is None else seed,
-                    trust_remote_code, timeout_s)
+        return Plan(*arms, model, context, device, gpu_name, sessions, steps, block,
+                    warmup_count, seed, trust_remote_code, timeout_s)
 
     with contextlib.ExitStack() as stack:
         if cluster is None:
-            plan = make_plan(resolve_gpu(gpu, device).name)
-            check_plan(plan)
+            check_plan(make_plan(""))  # before the GPU is detected (a CPU's by measuring)
+            plan = make_plan((named_gpu or hardware.detect(device)).name)
             env = environment(device)
             run = lambda on_session: run_ab(plan, on_session)  # noqa: E731
         else:  # the GPU, environment and paths are the workers'
             f = stack.enter_context(fleet.Fleet(cluster))
-            worker = fleet.one_kind(f, device, gpu and lookup(gpu))
+            worker = fleet.one_kind(f, device, named_gpu)
             plan, env = make_plan(worker["gpu"]), worker["env"]
             fleet.check_on_worker(f, check_plan, plan)
             run = lambda on_session: fleet.ab(f, plan, on_session)  # noqa: E731
@@ -743,6 +780,9 @@ def ab(
                         fingerprint_key(env), label)
         summary = ab_sessions(plan, run, store, env)
         store.end_run()
+    if not summary.ok:
+        fail(f"{summary.sentence()}: "
+             + "; ".join(dict.fromkeys(s.reason for s in summary.sessions)))
     result = summary.as_dict()
     if as_json:
         print(json.dumps(result, indent=2))
@@ -764,6 +804,8 @@ def ab(
 def ab_sessions(plan, run, store, env: dict):
     """The experiment's sessions run by `run(on_session)` and stored (run_recorded), with
     progress: the summary."""
+    from floorline.measure.ab import run_recorded
+
     sessions = plan.sessions
     design = ("paired (ABBA blocks in each session)" if plan.paired
               else "unpaired (one process per arm)")
@@ -785,6 +827,7 @@ def ab_sessions(plan, run, store, env: dict):
 
 
 @app.command()
+@interruptible("nothing was stored")
 def probe(
     model: Annotated[str | None, typer.Option(
         help="Also GEMV bandwidth at this model's layer shapes.")] = None,
@@ -822,6 +865,7 @@ def probe(
 
 
 @app.command("explain")
+@interruptible("nothing was stored")
 def explain_cmd(
     model: Annotated[str, typer.Option(help="Shipped name or local directory.")] = "qwen2.5-7b",
     ctx: Annotated[str, typer.Option(help="Context length.")] = "2048",
@@ -853,9 +897,7 @@ def explain_cmd(
                               warmup_count, timeout_s=timeout_s)
         store.end_run()
     except ChildFailed as e:
-        err.print(f"floorline: error: explaining {path} at ctx {context} failed: {e.reason}",
-                  highlight=False, markup=False, soft_wrap=True)
-        raise typer.Exit(1) from None
+        fail(f"explaining {path} at ctx {context} failed: {e.reason}")
     if as_json:
         print(json.dumps(result, indent=2))
         return
@@ -917,10 +959,14 @@ def predict_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the forecast as JSON.")] = False,
 ) -> None:
     """Forecast ms/step on any catalogued GPU from measured terms, with a 90% interval."""
+    from floorline.forecast import calibration
+    from floorline.forecast.accuracy import LEVEL, forecast
+
     if replace and db is None:
         raise FloorlineError("--replace needs --db: the database to fit from instead")
-    model, gpu = resolve_model(model).name, hardware.lookup(gpu).name  # as the cells name them
-    path = parse_path(path).name
+    # as the cells name them; the names checked before a model's config is read
+    gpu, path = hardware.lookup(gpu).name, parse_path(path).name
+    model = resolve_noted(model).name
     cal = calibration.shipped() if not replace else calibration.Calibration()
     if db is not None or Path("floorline.db").is_file():
         store = Store(db or Path("floorline.db"), read_only=True)
@@ -1028,6 +1074,7 @@ def quality_table(rows: list[QualityRow], title: str) -> Table:
 
 
 @app.command("quality")
+@interruptible("every finished quality measurement is in the database")
 def quality_cmd(
     models: Annotated[list[str], typer.Option(
         help="Models with real weights (names or checkpoint directories), comma-separated.")],
@@ -1099,7 +1146,27 @@ def merge_cmd(
     out.print(f"{store.cell_count()} cells in {escape(str(target))}")
 
 
+DRAFT_OPTION = Annotated[str | None, typer.Option(
+    help="Speculative decoding: 'lookup' drafts from n-grams of the prompt and reply so far; a "
+         "checkpoint directory drafts with that smaller model (its tokenizer must be the "
+         "model's). Greedy replies stay token for token the same.")]
+DRAFT_TOKENS_OPTION = Annotated[str, typer.Option(
+    help="Tokens drafted per verify step, 1-15, or 'auto' (from the acceptance so far).")]
+
+
+def draft_tokens_value(text: str) -> int | str:
+    """--draft-tokens: 'auto' or a whole number (its range checked where it is used)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise FloorlineError(f"--draft-tokens takes a whole number from 1 to 15 or 'auto', not "
+                             f"'{text}'") from None
+
+
 @app.command("generate")
+@interruptible("generation stopped")
 def generate_cmd(
     model: Annotated[str, typer.Option(
         help="Checkpoint directory: config.json, *.safetensors and a tokenizer.")],
@@ -1116,6 +1183,8 @@ def generate_cmd(
     dtype: Annotated[str, typer.Option(help="bfloat16 or float32.")] = "bfloat16",
     no_chat: Annotated[bool, typer.Option(
         "--no-chat", help="Encode the prompt as it is, without the chat template.")] = False,
+    draft: DRAFT_OPTION = None,
+    draft_tokens: DRAFT_TOKENS_OPTION = "auto",
     weights: Annotated[str | None, typer.Option(
         help="Format of the decoder's linears: int4, fp8 or bf16; a 16-bit checkpoint is "
              "quantised at load. Default: the checkpoint's own (AWQ/GPTQ run as int4).")] = None,
@@ -1139,11 +1208,14 @@ def generate_cmd(
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    result = generate(model, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
-                      top_p=top_p, seed=seed, device=device, dtype=dtype, chat=not no_chat,
-                      weights=weights, head=head, kv=kv_dtype, group_size=group_size,
-                      on_text=write)
-    write("\n")
+    try:
+        result = generate(model, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                          top_p=top_p, seed=seed, device=device, dtype=dtype, chat=not no_chat,
+                          weights=weights, head=head, kv=kv_dtype, group_size=group_size,
+                          draft=draft, draft_tokens=draft_tokens_value(draft_tokens),
+                          on_text=write)
+    finally:
+        write("\n")  # the text's line ends, interrupted or not
     err.print(result.summary(gpu_spec), highlight=False, markup=False, soft_wrap=True)
 
 
@@ -1179,6 +1251,8 @@ def serve_cmd(
     no_prefix_cache: Annotated[bool, typer.Option(
         "--no-prefix-cache", help="Prefill every prompt whole, rather than only what follows "
                                   "the previous request's tokens.")] = False,
+    draft: DRAFT_OPTION = None,
+    draft_tokens: DRAFT_TOKENS_OPTION = "auto",
 ) -> None:
     """Serve a model on floorline's engine over the OpenAI chat and completions protocol."""
     try:
@@ -1195,7 +1269,8 @@ def serve_cmd(
                              "FLOORLINE_API_KEY) too")
     device = check_device(device)
     loaded = Model(model, device=device, dtype=dtype, weights=weights, head=head, kv=kv_dtype,
-                   group_size=group_size, context=context, reuse_prefix=not no_prefix_cache)
+                   group_size=group_size, context=context, reuse_prefix=not no_prefix_cache,
+                   draft=draft, draft_tokens=draft_tokens_value(draft_tokens))
     err.print(f"serving {loaded.name} on the engine ({device}, weights {loaded.weight_format}, "
               f"KV {loaded.kv_format}, context {loaded.context}) at http://{host}:{port}/v1",
               highlight=False, markup=False, soft_wrap=True)
@@ -1220,9 +1295,6 @@ def main() -> None:
     except FloorlineError as e:
         err.print(f"floorline: error: {one_line(e)}", highlight=False, markup=False, soft_wrap=True)
         sys.exit(2)
-    except (KeyboardInterrupt, typer.Abort):  # click turns Ctrl-C into Abort
-        err.print("floorline: interrupted; every finished cell is in the database")
-        sys.exit(130)
     except Exception as e:
         if os.environ.get("FLOORLINE_DEBUG"):
             raise

@@ -62,19 +62,39 @@ def catalogue_names() -> list[str]:
     return [d.name for d in CATALOGUE]
 
 
-def lookup(name: str) -> DeviceSpec:
-    """A catalogue entry by either name `floorline gpus` prints (h200, NVIDIA H200 SXM 141GB),
-    in any case; an unknown name gets the closest one."""
+def did_you_mean(wanted: str, names: dict[str, str]) -> str:
+    """"; did you mean 'a', 'b' or 'c'?" naming every name close to `wanted`, or "" where none
+    is; `names` maps each spelling a user may type to the name to suggest. Closest first: the
+    names `wanted` is a whole word of (h100 of h100-sxm5), then by the similarity of the whole
+    name (difflib's ratio, 0.6 and up)."""
     import difflib
 
+    def words(text: str) -> str:
+        return "-" + "-".join(re.split(r"[\s/_-]+", text.lower())) + "-"
+
+    ranked = []
+    for spelling, name in names.items():
+        whole = words(wanted) in words(spelling)
+        ratio = difflib.SequenceMatcher(None, wanted.lower(), spelling.lower()).ratio()
+        if whole or ratio >= 0.6:
+            ranked.append((not whole, -ratio, name))
+    close = [f"'{n}'" for n in dict.fromkeys(name for *_, name in sorted(ranked))]
+    if not close:
+        return ""
+    listed = f"{', '.join(close[:-1])} or {close[-1]}" if close[1:] else close[0]
+    return f"; did you mean {listed}?"
+
+
+def lookup(name: str) -> DeviceSpec:
+    """A catalogue entry by either name `floorline gpus` prints (h200, NVIDIA H200 SXM 141GB),
+    in any case; an unknown name gets the close ones."""
     wanted = " ".join(name.lower().split())
     names = {}
     for device_spec in CATALOGUE:
         names[device_spec.name] = names[device_spec.full_name.lower()] = device_spec
     if wanted in names:
         return names[wanted]
-    close = difflib.get_close_matches(wanted, names, n=1, cutoff=0.6)
-    hint = f"; did you mean '{names[close[0]].name}'?" if close else ""
+    hint = did_you_mean(wanted, {k: v.name for k, v in names.items()})
     raise FloorlineError(f"unknown GPU '{name}' (known: {', '.join(catalogue_names())}){hint}")
 
 

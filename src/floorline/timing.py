@@ -96,6 +96,17 @@ def l2_bytes(device: str) -> int:
     return 64 * 2**20  # generous for a CPU's last-level cache
 
 
+def rotation_copies(nbytes: int, device: str, budget: int | None = None,
+                    least: int = 1) -> int:
+    """Copies of an `nbytes` buffer that together hold more than four times the L2 cache, so
+    that a loop cycling through them reads memory the passes before left out of L2: at least
+    `least`, within `budget` bytes where one is given."""
+    copies = 4 * l2_bytes(str(device)) // nbytes + 1
+    if budget is not None:
+        copies = min(copies, budget // nbytes)
+    return max(least, copies)
+
+
 def drift(samples_ms) -> float | None:
     """Median of the last quarter of the timed steps over that of the first; None under 4."""
     q = len(samples_ms) // 4

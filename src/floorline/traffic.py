@@ -1,7 +1,8 @@
 """The analytic memory floor: bytes one batch-1 decode step must move, over peak bandwidth.
 
-Parameters are counted from the model itself, built on the meta device, so that any decoder
-transformers can build is covered without per-architecture code.
+Parameters are counted from the config's sizes for the shipped families (FAMILIES), which the
+tests check against the built model; any other decoder transformers can build is built on the
+meta device and counted from its modules.
 """
 
 from __future__ import annotations
@@ -192,14 +193,80 @@ class Floor:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Family:
+    """A decoder family's layer as transformers builds it, beyond the config's sizes: whether
+    its q/k/v, output and MLP linears have a bias (True, or the config field that says), its
+    norms of the hidden size, whether q and k are normed per head, and whether q/k/v and
+    gate/up are each one fused linear."""
+
+    qkv_bias: bool | str = False
+    o_bias: bool | str = False
+    mlp_bias: bool | str = False
+    norms: int = 2
+    head_norms: bool = False
+    fused: bool = False
+
+    def bias(self, cfg, qkv: int, out: int, mlp: int) -> int:
+        """Bias elements of a layer whose q/k/v, output and MLP linears have qkv, out and mlp
+        outputs."""
+        def has(bias: bool | str) -> bool:
+            return bias if isinstance(bias, bool) else bool(getattr(cfg, bias, False))
+
+        return has(self.qkv_bias) * qkv + has(self.o_bias) * out + has(self.mlp_bias) * mlp
+
+
+FAMILIES = {
+    "llama": Family(qkv_bias="attention_bias", o_bias="attention_bias", mlp_bias="mlp_bias"),
+    "mistral": Family(),
+    "qwen2": Family(qkv_bias=True),
+    "qwen3": Family(qkv_bias="attention_bias", o_bias="attention_bias", head_norms=True),
+    "gemma3_text": Family(qkv_bias="attention_bias", o_bias="attention_bias", norms=4,
+                          head_norms=True),
+    "phi3": Family(fused=True),
+}
+
+
 @cache
 def count_parameters(model_spec: ModelSpec) -> ParamCounts:
+    """The language model's parameters (a vision-language checkpoint's too: a decode step reads
+    none of its vision tower)."""
+    family = FAMILIES.get(model_spec.text.model_type)
+    if family is None or model_spec.trust_remote_code:  # remote code builds modules of its own
+        return counts_from_model(model_spec)
+    return counts_from_sizes(model_spec.text, family)
+
+
+def counts_from_sizes(cfg, family: Family) -> ParamCounts:
+    """A text config's parameters by arithmetic on its sizes, the linears in the order the
+    built model holds them."""
+    h, inter, vocab = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    kv_heads, head_dim = kv_heads_and_dim(cfg)
+    q, kv = cfg.num_attention_heads * head_dim, kv_heads * head_dim
+    if family.fused:  # Phi-3 registers its output linear before the fused q/k/v
+        linears = [(h, q), (q + 2 * kv, h), (2 * inter, h), (h, inter)]
+    else:
+        linears = [(q, h), (kv, h), (kv, h), (h, q), (inter, h), (inter, h), (h, inter)]
+    bias = family.bias(cfg, q + 2 * kv, h, 2 * inter + h)
+    norms = family.norms * h + family.head_norms * 2 * head_dim
+    per_layer = sum(o * i for o, i in linears) + bias + norms
+    layers, tied = cfg.num_hidden_layers, cfg.tie_word_embeddings
+    return ParamCounts(
+        total=layers * per_layer + vocab * h * (1 if tied else 2) + h,  # and the final norm
+        input_embedding=vocab * h,
+        tied=tied,
+        hidden_size=h,
+        linear_shapes=tuple(linears * layers),
+        linear_bias=layers * bias,
+    )
+
+
+def counts_from_model(model_spec: ModelSpec) -> ParamCounts:
+    """The parameters of the language model built on the meta device, from its modules."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.pytorch_utils import Conv1D
 
-    # A vision-language checkpoint (Gemma 3 4B and up) is counted by its language model: a
-    # decode step reads none of the vision tower.
     config = model_spec.config.get_text_config()
     try:
         with torch.device("meta"):
@@ -304,7 +371,7 @@ def floor(model_spec: ModelSpec, gpu: DeviceSpec, ctx: int, weight_format: str =
     weight_format = resolve_weight_format(weight_format, counts)
     fmt = WEIGHT_FORMATS[weight_format]
     w = weight_bytes(counts, fmt)
-    kv = kv_bytes(model_spec.config, ctx, kv_dtype)
+    kv = kv_bytes(model_spec.text, ctx, kv_dtype)
     # The study's convention: every parameter (the whole input table too) plus the KV cache.
     all_params = w + round((0 if counts.tied else counts.input_embedding - counts.hidden_size)
                            * fmt.embed_bits / 8)

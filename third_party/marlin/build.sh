@@ -2,7 +2,7 @@
 # Builds floorline_marlin.so for the awq-marlin path: the AWQ 4-bit Marlin kernels of the
 # marlin-kernels 0.2.0 sdist (vLLM csrc/quantization/gptq_marlin, mid-2024; its 0.3.x sdists
 # ship no sources) plus torch_bindings.cpp, for sm_90 (TORCH_CUDA_ARCH=90 to change).
-#   bash kernels/marlin/build.sh [marlin-kernels-0.2.0.tar.gz]
+#   bash third_party/marlin/build.sh [marlin-kernels-0.2.0.tar.gz]
 # Needs nvcc and the CUDA build of torch the library will run under (TORCH_DIR overrides where
 # its headers and libraries are). Prints the FLOORLINE_MARLIN_LIB to set.
 set -euo pipefail

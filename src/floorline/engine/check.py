@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from floorline.engine.model import DecoderConfig
-from floorline.engine.quant import quantize
+from floorline.engine.quant import quantise
 from floorline.engine.runtime import Engine
 from floorline.engine.weights import from_named, int4_group
 from floorline.models import build_model, cache_keyword
@@ -97,10 +97,10 @@ def quantise_in_place(hf, reference, weights: str, head: str, group_size: int | 
         fmt = head if module is head_module else weights
         if fmt == "bf16":
             continue
-        q = quantize(module.weight.data.float(), fmt, group_size)
-        module.weight.data.copy_(q.dequantize(module.weight.dtype))
+        q = quantise(module.weight.data.float(), fmt, group_size)
+        module.weight.data.copy_(q.dequantise(module.weight.dtype))
         if name in fp32:
-            fp32[name].weight.data.copy_(q.dequantize(torch.float32))
+            fp32[name].weight.data.copy_(q.dequantise(torch.float32))
         made[name] = q
     return made
 

@@ -54,7 +54,7 @@ class Int4Weight:
     def device(self) -> torch.device:
         return self.qweight.device
 
-    def dequantize(self, dtype=torch.float32) -> torch.Tensor:
+    def dequantise(self, dtype=torch.float32) -> torch.Tensor:
         q = unpack_rows(self.qweight, self.group_size)
         g = torch.arange(q.shape[1], device=q.device) // self.group_size
         zeros, scales = unpack_groups(self.zeros), unpack_groups(self.scales)
@@ -79,13 +79,13 @@ class Fp8Weight:
     def device(self) -> torch.device:
         return self.weight.device
 
-    def dequantize(self, dtype=torch.float32) -> torch.Tensor:
+    def dequantise(self, dtype=torch.float32) -> torch.Tensor:
         return (self.weight.float() * self.scale[:, None]).to(dtype)
 
 
 def dense(w, dtype=torch.float32) -> torch.Tensor:
     """The matrix a weight of any format stands for."""
-    return w.to(dtype) if isinstance(w, torch.Tensor) else w.dequantize(dtype)
+    return w.to(dtype) if isinstance(w, torch.Tensor) else w.dequantise(dtype)
 
 
 def nbytes(w) -> int:
@@ -174,7 +174,7 @@ def int4_from_integers(q, zeros, scales, group_size: int) -> Int4Weight:
                       pack_groups(zeros.to(torch.uint8)), group_size)
 
 
-def quantize_int4(w: torch.Tensor, group_size: int = 128) -> Int4Weight:
+def quantise_int4(w: torch.Tensor, group_size: int = 128) -> Int4Weight:
     """Round-to-nearest, asymmetric, per group of `group_size` along K (AutoAWQ's
     pseudo_quantize without the activation-aware search): the group's range over 15 steps, the
     zero point where 0.0 lands, both as stored (fp16 scale, integer zero)."""
@@ -190,19 +190,19 @@ def quantize_int4(w: torch.Tensor, group_size: int = 128) -> Int4Weight:
     return int4_from_integers(q.reshape(n, k).long(), zeros.long(), scales, group_size)
 
 
-def quantize_fp8(w: torch.Tensor) -> Fp8Weight:
+def quantise_fp8(w: torch.Tensor) -> Fp8Weight:
     """One scale per output row: the row's largest magnitude maps to e4m3's largest value."""
     wf = w.float()
     scale = (wf.abs().amax(1) / FP8_MAX).clamp(min=1e-12)
     return Fp8Weight((wf / scale[:, None]).to(torch.float8_e4m3fn), scale)
 
 
-def quantize(w: torch.Tensor, fmt: str, group_size: int = 128):
+def quantise(w: torch.Tensor, fmt: str, group_size: int = 128):
     """A 16-bit matrix in the format `fmt` (bf16 keeps it as it is)."""
     if fmt == "int4":
-        return quantize_int4(w, group_size)
+        return quantise_int4(w, group_size)
     if fmt == "fp8":
-        return quantize_fp8(w)
+        return quantise_fp8(w)
     return w
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import statistics
 from pathlib import Path
@@ -23,11 +22,12 @@ from pathlib import Path
 import torch
 import triton
 
+from floorline import graphs
 from floorline.engine.kernels.gemv import GemvConfig, SplitPartials, gemv
-from floorline.engine.quant import Fp8Weight, Int4Weight, nbytes, quantize_fp8
+from floorline.engine.quant import Fp8Weight, Int4Weight, nbytes, quantise_fp8
 from floorline.errors import FloorlineError
 from floorline.localcache import cache_dir
-from floorline.timing import l2_bytes, time_steps
+from floorline.timing import rotation_copies, time_steps
 
 SHIPPED = Path(__file__).parent / "tuned"
 
@@ -100,7 +100,25 @@ def random_like(w, generator):
                           generator=generator), w.group_size)
     m = torch.empty(n, k, dtype=torch.float32 if isinstance(w, Fp8Weight) else w.dtype,
                     device=device).normal_(0, 0.02, generator=generator)
-    return quantize_fp8(m) if isinstance(w, Fp8Weight) else m
+    return quantise_fp8(m) if isinstance(w, Fp8Weight) else m
+
+
+# Each GemvConfig field of a table entry: whether the kernels need a power of two (Triton's
+# tiles, warps per program, an int4 group's word positions), and a bound far above any tuned
+# entry (32 warps: a program's 1024 threads; 16 words: a group of 128's word positions).
+LAUNCH_FIELDS = {"block_n": (True, 1024), "block_k": (True, 65536), "num_warps": (True, 32),
+                 "split_k": (False, 1024), "num_stages": (False, 16), "words": (True, 16)}
+
+
+def _launch_problem(entry: dict) -> str | None:
+    """What is wrong with a table entry's launch fields, or None."""
+    for name, (power_of_two, most) in LAUNCH_FIELDS.items():
+        value = entry.get(name, 1)  # a field with a default may be absent
+        if (type(value) is not int or not 1 <= value <= most
+                or (power_of_two and value & (value - 1))):
+            what = "a power of two" if power_of_two else "an integer"
+            return f"{name} is {value!r}, not {what} from 1 to {most}"
+    return None
 
 
 def _read_table(path: Path) -> dict:
@@ -113,6 +131,10 @@ def _read_table(path: Path) -> dict:
         if not isinstance(table, dict) or not all(
                 isinstance(v, dict) and fields <= v.keys() for v in table.values()):
             raise ValueError("not a table of GEMV launch configurations")
+        for key, entry in table.items():
+            problem = _launch_problem(entry)
+            if problem:
+                raise ValueError(f"entry '{key}': {problem}")
     except (ValueError, OSError) as e:  # JSONDecodeError is a ValueError
         raise FloorlineError(f"cannot read the GEMV tuning table {path} ({e}); delete it to "
                              "tune again") from None
@@ -235,17 +257,8 @@ def tune_in_step(keys, candidates_of, current, apply, time_step, *, min_gain: fl
     return chosen
 
 
-def rotation_copies(nbytes: int, device) -> int:
-    """Copies of an `nbytes` operand that together overflow L2 four times (at least one)."""
-    return max(1, math.ceil(4 * l2_bytes(str(device)) / nbytes))
-
-
 def time_graph(fn, replays: int = 10) -> float:
     """Median microseconds of one replay of `fn` captured in a CUDA graph, timed by the
     project's step timer (events around each replay, after one untimed replay)."""
-    fn()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = graphs.capture(fn)
     return statistics.median(time_steps(graph.replay, "cuda", replays, warmup=1)) * 1e3

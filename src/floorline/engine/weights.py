@@ -25,6 +25,7 @@ import torch
 from floorline.engine import quant
 from floorline.errors import FloorlineError, one_line
 from floorline.layouts import awq
+from floorline.models import no_tensor, safetensors_files
 from floorline.traffic import ENGINE_INT4_GROUPS, engine_int4_group
 
 
@@ -161,7 +162,7 @@ def from_named(config, get: Callable[[str], torch.Tensor], device, dtype, *,
     def matrix(prefix):
         if linear is not None:
             return check(prefix + ".weight", linear(prefix))
-        return quant.quantize(take(prefix + ".weight"), weights, group_size)
+        return quant.quantise(take(prefix + ".weight"), weights, group_size)
 
     layers = []
     for i in range(config.layers):
@@ -192,7 +193,7 @@ def from_named(config, get: Callable[[str], torch.Tensor], device, dtype, *,
         ))
     embed = take("model.embed_tokens.weight")
     head_matrix = embed if config.tied else take("lm_head.weight")
-    return DecoderWeights(embed, quant.quantize(head_matrix, head), norm("model.norm.weight"),
+    return DecoderWeights(embed, quant.quantise(head_matrix, head), norm("model.norm.weight"),
                           layers)
 
 
@@ -274,11 +275,8 @@ def load_checkpoint(directory: Path, config, device, dtype, *, weights: str | No
     quantised one must already be in it (an int4 one at its own group size)."""
     from safetensors import safe_open
 
-    files = sorted(Path(directory).glob("*.safetensors"))
-    if not files:
-        raise FloorlineError(f"{directory} holds no .safetensors files")
     where = {}
-    for f in files:
+    for f in safetensors_files(directory):
         try:
             handle = safe_open(str(f), framework="pt", device=str(device))
         except Exception as e:  # SafetensorError: a truncated or foreign file
@@ -297,10 +295,8 @@ def load_checkpoint(directory: Path, config, device, dtype, *, weights: str | No
     def get(name):
         stored = prefix + name.removeprefix("model.") if name.startswith("model.") else name
         if stored not in where:
-            untied = " (tie_word_embeddings is false)" if name == "lm_head.weight" else ""
-            raise FloorlineError(f"{directory}: no tensor '{stored}' in its safetensors files"
-                                 f"{untied} (the engine reads Hugging Face Llama, Qwen2, "
-                                 "Mistral, Qwen3, Gemma 3 and Phi-3 names)")
+            raise FloorlineError(f"{no_tensor(directory, stored)} (the engine reads Hugging "
+                                 "Face Llama, Qwen2, Mistral, Qwen3, Gemma 3 and Phi-3 names)")
         try:
             return where[stored].get_tensor(stored)
         except Exception as e:  # data cut short after an intact header
@@ -345,7 +341,7 @@ def random_weights(config, device, dtype, seed: int, *, weights: str = "bf16",
         if weights == "int4":
             return quant.int4_from_awq(awq.random(n, k, group_size, generator, device,
                                                   std=c.initializer_range), group_size)
-        return quant.quantize(normal(n, k), weights)
+        return quant.quantise(normal(n, k), weights)
 
     def norm(n=c.hidden):  # as loaded: Gemma's (1 + w) in fp32
         w = normal(n, mean=1.0, std=0.02)
@@ -366,4 +362,4 @@ def random_weights(config, device, dtype, seed: int, *, weights: str = "bf16",
     ) for _ in range(c.layers)]
     embed = normal(c.vocab, c.hidden)
     head_matrix = embed if c.tied else normal(c.vocab, c.hidden)
-    return DecoderWeights(embed, quant.quantize(head_matrix, head), norm(), layers)
+    return DecoderWeights(embed, quant.quantise(head_matrix, head), norm(), layers)

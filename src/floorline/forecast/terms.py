@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 
+from floorline.errors import FloorlineError
 from floorline.hardware import lookup
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, parse_path
@@ -39,7 +40,7 @@ def formats(path: str) -> tuple[str, str]:
 
 @cache
 def layers(model: str) -> int:
-    return resolve_model(model).config.get_text_config().num_hidden_layers
+    return resolve_model(model).text.num_hidden_layers
 
 
 @cache
@@ -53,11 +54,27 @@ def attention_bytes(model: str, ctx: int, path: str, kv_dtype: str) -> float:
     V per kv head). transformers' attention first repeats K and V to every query head
     (repeat_kv) and attends over them, so its traffic scales with query heads; its static cache
     is attended over its whole capacity, which a sweep sizes to the context."""
-    config = resolve_model(model).config
+    config = resolve_model(model).text
     if not family(path).startswith(TRANSFORMERS):
         return float(floor(resolve_model(model), lookup("h200"), ctx, "bf16", kv_dtype).kv_bytes)
     _, windows = kv_layout(config)
     _, head_dim = kv_heads_and_dim(config)
-    heads = config.get_text_config().num_attention_heads
+    heads = config.num_attention_heads
     return float(sum(2 * heads * head_dim * 2 * (ctx if w is None else min(ctx, w))
                      for w in windows))
+
+
+def check_runnable(model: str, gpu: str, ctx: int, path: str) -> None:
+    """One line where no step of `path` can run at `ctx`: a context above the model's positions,
+    or every parameter and the KV cache (the floor's bytes) more than the GPU's memory."""
+    model_spec, device = resolve_model(model), lookup(gpu)
+    limit = model_spec.max_context
+    if limit is not None and ctx > limit:
+        raise FloorlineError(f"no forecast: ctx {ctx} is above {model}'s {limit} positions "
+                             "(max_position_embeddings)")
+    f = floor(model_spec, device, ctx, *formats(path))
+    if f.total_bytes_all_params > device.memory_gb * 1e9:
+        raise FloorlineError(
+            f"no forecast: {model} at ctx {ctx} holds {f.total_bytes_all_params / 1e9:.1f} GB "
+            f"(weights {(f.total_bytes_all_params - f.kv_bytes) / 1e9:.1f}, KV cache "
+            f"{f.kv_bytes / 1e9:.1f}), more than the {device.name}'s {device.memory_gb:g} GB")

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from floorline.layouts.int4 import dequantize_groups, pack_int4, random_groups, unpack_int4
+from floorline.layouts.int4 import dequantise_groups, pack_int4, random_groups, unpack_int4
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 TENSORS = ("qweight", "qzeros", "scales")
@@ -33,9 +33,9 @@ def unpack(t: dict):
             unpack_int4(t["qzeros"], dim=1, order=AWQ_ORDER))
 
 
-def dequantize(t: dict, group_size: int):
+def dequantise(t: dict, group_size: int):
     q, zeros = unpack(t)
-    return dequantize_groups(q, zeros, t["scales"], group_size)
+    return dequantise_groups(q, zeros, t["scales"], group_size)
 
 
 def random(out_features: int, in_features: int, group_size: int, generator, device,

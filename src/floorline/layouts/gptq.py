@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from floorline.layouts.int4 import dequantize_groups, pack_int4, random_groups, unpack_int4
+from floorline.layouts.int4 import dequantise_groups, pack_int4, random_groups, unpack_int4
 
 TENSORS = ("qweight", "qzeros", "scales", "g_idx")
 
@@ -37,10 +37,10 @@ def unpack(t: dict):
     return unpack_int4(t["qweight"], dim=0).t(), unpack_int4(t["qzeros"], dim=1) + 1
 
 
-def dequantize(t: dict, group_size: int):
+def dequantise(t: dict, group_size: int):
     """The fp16 [out, in] weight the layout holds."""
     q, zeros = unpack(t)
-    return dequantize_groups(q, zeros, t["scales"], group_size)
+    return dequantise_groups(q, zeros, t["scales"], group_size)
 
 
 def random(out_features: int, in_features: int, group_size: int, generator, device) -> dict:

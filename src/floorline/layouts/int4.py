@@ -57,7 +57,7 @@ def random_groups(out_features: int, in_features: int, group_size: int, generato
     return q, zeros, (scale * jitter).to(torch.float16)
 
 
-def dequantize_groups(q, zeros, scales, group_size: int):
+def dequantise_groups(q, zeros, scales, group_size: int):
     """(q - zero) * scale per group, in fp32 rounded once to fp16: [out, in] from q [out, in],
     zeros and scales [groups, out]."""
     import torch

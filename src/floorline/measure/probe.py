@@ -14,13 +14,8 @@ import time
 from floorline.errors import FloorlineError
 from floorline.measure.fingerprint import fingerprint_key
 from floorline.store import Store
-from floorline.timing import l2_bytes, time_steps
+from floorline.timing import l2_bytes, rotation_copies, time_steps
 from floorline.traffic import count_parameters
-
-
-def _rotation(nbytes: int, device: str, budget: int) -> int:
-    """How many copies of an `nbytes` buffer cycle through more than 4x L2, within `budget`."""
-    return max(2, min(-(-4 * l2_bytes(device) // nbytes) + 1, budget // nbytes))
 
 
 def _time_ms(fn, device: str, repeats: int) -> float:
@@ -41,7 +36,7 @@ def _rotating(buffers, op):
 def stream_read_gbps(device: str, nbytes: int, budget: int, repeats: int = 20) -> float:
     import torch
 
-    copies = _rotation(nbytes, device, budget)
+    copies = rotation_copies(nbytes, device, budget, least=2)
     bufs = [torch.rand(nbytes // 4, device=device) for _ in range(copies)]
     return nbytes / _time_ms(_rotating(bufs, torch.sum), device, repeats) / 1e6
 
@@ -50,7 +45,7 @@ def copy_gbps(device: str, nbytes: int, budget: int, repeats: int = 20) -> float
     """Bytes read plus bytes written."""
     import torch
 
-    n = _rotation(nbytes, device, budget // 2)
+    n = rotation_copies(nbytes, device, budget // 2, least=2)
     srcs = [torch.rand(nbytes // 4, device=device) for _ in range(n)]
     dsts = [torch.empty_like(s) for s in srcs]
     pairs = list(zip(dsts, srcs))
@@ -66,7 +61,7 @@ def gemv_gbps(device: str, shape: tuple[int, int], budget: int, repeats: int = 2
 
     out_f, in_f = shape
     nbytes = out_f * in_f * 2
-    n = _rotation(nbytes, device, budget)
+    n = rotation_copies(nbytes, device, budget, least=2)
     weights = [torch.randn(out_f, in_f, device=device, dtype=torch.bfloat16) * 0.02
                for _ in range(n)]
     x = torch.randn(1, in_f, device=device, dtype=torch.bfloat16)

@@ -2,8 +2,12 @@ from floorline.models.zoo import (
     ModelSpec,
     build_model,
     cache_keyword,
+    model_label,
+    no_tensor,
     resolve_model,
+    safetensors_files,
     shipped_models,
 )
 
-__all__ = ["ModelSpec", "build_model", "cache_keyword", "resolve_model", "shipped_models"]
+__all__ = ["ModelSpec", "build_model", "cache_keyword", "model_label", "no_tensor",
+           "resolve_model", "safetensors_files", "shipped_models"]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 
 from floorline.errors import FloorlineError, one_line
+from floorline.hardware import did_you_mean
 from floorline.models.fetch import PACKAGED, fetched_dir, fetched_models
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -36,6 +37,26 @@ SOURCES = {
 STUDY_MODELS = ("qwen2.5-7b", "llama-3.1-8b", "mistral-7b-v0.3")
 DEMO_MODELS = ("tiny-llama", "tiny-qwen2")  # the CPU demo's configs when no model is fetched
 DEMO_MODEL = "smollm2-135m"  # the CPU demo's trained model, once fetched
+# Words of a Hugging Face id that name a tuned variant of a base model, whose architecture and
+# shapes are the base's (Qwen/Qwen2.5-7B-Instruct, mistralai/Mistral-7B-Instruct-v0.3).
+TUNED_WORDS = ("instruct", "chat", "it")
+
+
+class ShippedConfig:
+    """A shipped config.json's fields as attributes, read without transformers (which loads
+    torch), with what transformers derives of those the floor reads: Gemma 3's layer_types
+    from sliding_window_pattern. get_text_config() as transformers' configs have it, so that
+    what reads one reads the other."""
+
+    def __init__(self, data: dict):
+        self.__dict__.update(data)
+        if "sliding_window_pattern" in data:  # every pattern-th layer global, the others windowed
+            pattern = data["sliding_window_pattern"]
+            self.layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                for i in range(data["num_hidden_layers"])]
+
+    def get_text_config(self):
+        return self
 
 
 @dataclass(frozen=True)
@@ -43,13 +64,30 @@ class ModelSpec:
     """What a path needs to build a model: a name, its config, and real weights if any."""
 
     name: str
-    config: object = field(compare=False)  # transformers.PreTrainedConfig; keyed by name
+    # transformers' config (PreTrainedConfig), or a shipped config.json's fields (a dict), which
+    # become one where `config` is first read; keyed by name
+    config_source: object = field(compare=False, repr=False)
     weights_dir: Path | None = None
     trust_remote_code: bool = False
 
+    @cached_property
+    def config(self):
+        """transformers' config."""
+        if isinstance(self.config_source, dict):
+            return _config_from_dict(self.config_source, self.name)
+        return self.config_source
+
+    @cached_property
+    def text(self):
+        """The language model's config, as the floor and the tables read it: a shipped config's
+        fields (no transformers import), else transformers' text config."""
+        if isinstance(self.config_source, dict):
+            return ShippedConfig(self.config_source)
+        return self.config.get_text_config()
+
     @property
     def max_context(self) -> int | None:
-        return getattr(self.config.get_text_config(), "max_position_embeddings", None)
+        return getattr(self.text, "max_position_embeddings", None)
 
     @property
     def has_real_weights(self) -> bool:
@@ -70,13 +108,26 @@ def quantisation_config(config) -> dict | None:
     return qc
 
 
+def base_id(name: str) -> str:
+    """A model's name in lower case without the words of a tuned variant (TUNED_WORDS)."""
+    return "-".join(w for w in name.lower().split("-") if w not in TUNED_WORDS)
+
+
 def shipped_name(name: str) -> str | None:
-    """The shipped model a name stands for, in any case, or by its Hugging Face id."""
-    lowered = name.lower()
-    for shipped, source in SOURCES.items():
-        if lowered in (shipped, source.lower()):
-            return shipped
-    return None
+    """The shipped model a name stands for, in any case, or by its Hugging Face id; an instruct
+    or chat variant's name or id stands for its base's."""
+    wanted = base_id(name)
+    return next((shipped for shipped, source in SOURCES.items()
+                 if wanted in (base_id(shipped), base_id(source))), None)
+
+
+def stand_in(name: str) -> str | None:
+    """The shipped config that stands in for a tuned variant's name or id (the same architecture
+    and shapes), or None where `name` is not one."""
+    shipped = shipped_name(name)
+    if shipped is None or name.lower() in (shipped, SOURCES[shipped].lower()):
+        return None
+    return shipped
 
 
 def shipped_models() -> list[str]:
@@ -84,6 +135,7 @@ def shipped_models() -> list[str]:
 
 
 def _read_config_json(path: Path) -> dict:
+    """config.json's fields, refused in one line where it is not a Hugging Face config."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
@@ -94,7 +146,6 @@ def _read_config_json(path: Path) -> dict:
         raise FloorlineError(f"cannot read {path}: {e.strerror}") from None
     if not isinstance(data, dict) or "model_type" not in data:
         raise FloorlineError(f"{path} has no 'model_type': not a Hugging Face config.json")
-    _check_fields(data, str(path))
     return data
 
 
@@ -215,14 +266,11 @@ def resolve_model(name_or_dir: str, trust_remote_code: bool = False) -> ModelSpe
                                  f"{name_or_dir}` downloads it (about {size} MB)")
     shipped = shipped_name(name_or_dir)
     if shipped is not None and (name_or_dir in SOURCES or not directory.is_dir()):
-        path = CONFIG_DIR / f"{shipped}.json"
-        return ModelSpec(shipped, _config_from_dict(_read_config_json(path), shipped))
+        return ModelSpec(shipped, _read_config_json(CONFIG_DIR / f"{shipped}.json"))
     if not directory.is_dir():
-        import difflib
-
-        names = [*SOURCES, *PACKAGED, *(v.lower() for v in SOURCES.values() if "/" in v)]
-        close = difflib.get_close_matches(name_or_dir.lower(), names, n=1, cutoff=0.6)
-        hint = (f"; did you mean '{shipped_name(close[0]) or close[0]}'?" if close else "")
+        names = {**{n: n for n in (*SOURCES, *PACKAGED)},
+                 **{v.lower(): n for n, v in SOURCES.items() if "/" in v}}
+        hint = did_you_mean(name_or_dir, names)
         raise FloorlineError(
             f"unknown model '{name_or_dir}': not a shipped name ({', '.join(shipped_models())}), "
             f"a fetched model ({', '.join(sorted({*PACKAGED, *fetched_models()}))}) nor a "
@@ -236,6 +284,7 @@ def _from_directory(directory: Path, trust_remote_code: bool, name: str) -> Mode
     if not config_path.is_file():
         raise FloorlineError(f"{directory} has no config.json")
     data = _read_config_json(config_path)
+    _check_fields(data, str(config_path))
     if data.get("auto_map") and not trust_remote_code:
         raise FloorlineError(
             f"{config_path} asks for remote model code (auto_map); pass --trust-remote-code "
@@ -259,12 +308,53 @@ def _from_directory(directory: Path, trust_remote_code: bool, name: str) -> Mode
     return ModelSpec(name, config, weights, trust_remote_code)
 
 
+def model_label(name: str, width: int = 40) -> str:
+    """A model's name for a table: a shipped name as it is, a local directory relative to the
+    working folder or home, and a long one shortened to its last two folders."""
+    if "/" not in name:
+        return name
+    path = Path(name)
+    for base, prefix in ((Path.cwd, ""), (Path.home, "~/")):
+        try:
+            path = Path(prefix + str(path.relative_to(base())))
+            break
+        except (ValueError, RuntimeError, OSError):  # not under it, or no home or working folder
+            continue
+    label = str(path)
+    if len(label) <= width or len(path.parts) <= 2:
+        return label
+    return "…/" + "/".join(path.parts[-2:])
+
+
+def safetensors_files(directory: Path) -> list[Path]:
+    """A checkpoint's safetensors files, each checked readable (safetensors and transformers
+    call a file they may not open missing)."""
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise FloorlineError(f"{directory} holds no .safetensors files")
+    for f in files:
+        try:
+            with f.open("rb"):
+                pass
+        except OSError as e:
+            raise FloorlineError(f"{f} cannot be read: {e.strerror.lower()}") from None
+    return files
+
+
+def no_tensor(directory: Path, name: str) -> str:
+    """The line for a tensor a checkpoint lacks, which every path refuses (transformers would
+    draw it at random)."""
+    untied = " (tie_word_embeddings is false)" if name == "lm_head.weight" else ""
+    return f"{directory}: no tensor '{name}' in its safetensors files{untied}"
+
+
 def build_model(model_spec: ModelSpec, device: str, dtype, seed: int = 0):
     """The model on `device`, in eval mode: real weights from safetensors, or seeded random ones.
 
-    Random weights are drawn on the target device itself (building a 7B model on the CPU first
-    takes minutes) by the architecture's own initialiser: normal(0, initializer_range) for the
-    matrices, never all zeros.
+    A checkpoint that lacks a tensor is refused, as the engine refuses it. Random weights are
+    drawn on the target device itself (building a 7B model on the CPU first takes minutes) by
+    the architecture's own initialiser: normal(0, initializer_range) for the matrices, never
+    all zeros.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -272,9 +362,14 @@ def build_model(model_spec: ModelSpec, device: str, dtype, seed: int = 0):
     common = dict(dtype=dtype, attn_implementation="sdpa",
                   trust_remote_code=model_spec.trust_remote_code)
     if model_spec.has_real_weights:
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            model_spec.weights_dir, device_map=device, use_safetensors=True, **common
+        safetensors_files(model_spec.weights_dir)
+        hf_model, loading = AutoModelForCausalLM.from_pretrained(
+            model_spec.weights_dir, device_map=device, use_safetensors=True,
+            output_loading_info=True, **common
         )
+        if loading["missing_keys"]:
+            raise FloorlineError(no_tensor(model_spec.weights_dir,
+                                           sorted(loading["missing_keys"])[0]))
     else:
         torch.manual_seed(seed)
         with torch.device(device):

@@ -4,7 +4,7 @@ with zero points that vLLM wrote for AWQ (gptq_marlin_gemm with has_zp, awq_marl
 No packaged Marlin runs on torch 2.11 (vLLM and sgl-kernel wheels are tied to other torch
 releases; marlin-kernels 0.3.x ships no sources; torchao 0.18 has no dense Marlin), so floorline
 builds the kernels of the marlin-kernels 0.2.0 sdist into its own small torch library,
-`floorline_marlin` (kernels/marlin/build.sh), and loads it from FLOORLINE_MARLIN_LIB.
+`floorline_marlin` (third_party/marlin/build.sh), and loads it from FLOORLINE_MARLIN_LIB.
 
 Repacking follows vLLM's awq_marlin.process_weights_after_loading: the weights through
 awq_marlin_repack on the GPU; the scales and zero points through the column permutations of
@@ -47,8 +47,9 @@ def marlin_zero_points(zeros):
 def marlin_library_missing() -> str | None:
     lib = os.environ.get(LIBRARY_VARIABLE)
     if not lib:
-        return (f"the floorline_marlin kernels are not built: run `bash kernels/marlin/build.sh` "
-                f"(nvcc and a CUDA torch) and set {LIBRARY_VARIABLE} to the .so it writes")
+        return ("the floorline_marlin kernels are not built: run `bash "
+                f"third_party/marlin/build.sh` (nvcc and a CUDA torch) and set {LIBRARY_VARIABLE} "
+                "to the .so it writes")
     if not os.path.isfile(lib):
         return f"{LIBRARY_VARIABLE}={lib} is not a file"
     return None
@@ -104,7 +105,7 @@ class AwqMarlinPath(PackedHFPath):
         return marlin_library_missing()
 
     def versions(self) -> dict:
-        return {"marlin-kernels": "0.2.0 sources (kernels/marlin/build.sh)"}
+        return {"marlin-kernels": "0.2.0 sources (third_party/marlin/build.sh)"}
 
     def check_checkpoint(self, qc: dict, name: str) -> None:
         super().check_checkpoint({**qc, "bits": qc.get("bits", qc.get("w_bit")),

@@ -15,7 +15,7 @@ from abc import abstractmethod
 
 from floorline.errors import FloorlineError
 from floorline.models import build_model
-from floorline.models.zoo import quantisation_config as model_quantisation
+from floorline.models.zoo import quantisation_config
 from floorline.paths.base import PathFacts
 from floorline.paths.hf import HFPath
 
@@ -49,10 +49,6 @@ def replace_linears(hf_model, make) -> int:
     return len(targets)
 
 
-def quantisation_config(model_spec) -> dict | None:
-    return model_quantisation(model_spec.config)
-
-
 class QuantisedHFPath(HFPath):
     """A transformers path on a static cache whose linears run a library's quantised kernels."""
 
@@ -79,7 +75,7 @@ class QuantisingHFPath(QuantisedHFPath):
     """16-bit weights (random or a checkpoint's) quantised by the library's own quantiser."""
 
     def build(self, model_spec, device: str, seed: int):
-        if quantisation_config(model_spec) is not None:
+        if quantisation_config(model_spec.config) is not None:
             raise FloorlineError(f"{model_spec.name} is a pre-quantised checkpoint; {self.name} "
                                  "quantises 16-bit weights itself")
         hf_model = super().build(model_spec, device, seed)
@@ -115,7 +111,7 @@ class PackedHFPath(QuantisedHFPath):
     def build(self, model_spec, device: str, seed: int):
         import torch
 
-        qc = quantisation_config(model_spec)
+        qc = quantisation_config(model_spec.config)
         if model_spec.has_real_weights and qc is None:
             raise FloorlineError(f"{model_spec.name} holds 16-bit weights; {self.name} runs "
                                  f"{self.quant_method} checkpoints (or random weights by name)")

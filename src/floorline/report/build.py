@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import re
 from pathlib import Path
 
@@ -15,13 +14,13 @@ from floorline.forecast.calibration import from_rows
 from floorline.forecast.published import study_check
 from floorline.measure.quality import describe as describe_quality
 from floorline.records import VALID
-from floorline.report import figures
-from floorline.report.headline import headline
+from floorline.report import figures, here
+from floorline.report.headline import headline, small_multiples
 from floorline.store import Store, quality_by_cell
 from floorline.study import study
 
 FIGURES = (
-    ("headline", "Every path against the memory floor", "runs", headline),
+    ("headline", "The ladder of paths against the memory floor", "runs", headline),
     ("fraction", "Fraction of the memory floor against peak bandwidth", "cells",
      figures.fraction_vs_bandwidth),
     ("context", "ms/step against context, with each model's floor", "cells", figures.ms_vs_context),
@@ -33,6 +32,8 @@ FIGURES = (
     ("energy", "Energy per token against time per token, per path", "cells",
      figures.energy_vs_time),
     ("quality", "Speed against quality, per path", "quality", figures.speed_vs_quality),
+    ("ladders", "Every path against the memory floor, per model, GPU and context", "runs",
+     small_multiples),
 )
 
 SOURCE_NAMES = {"runs": "cells", "cells": "cells", "ab": "A/B experiments",
@@ -51,38 +52,49 @@ QUALITY_NOTE = (
 # How to read a figure, where it is not plain from its axes.
 NOTES = {
     "headline": (
-        "One panel per model, GPU and context; one bar per path, slowest at the top, on a linear "
-        "axis of ms per decode step. The dashed line is the memory floor of 16-bit weights; the "
-        "black tick on each bar is that bar's own floor (lower for a quantised format, whose bars "
-        "are hatched). Each label is the floor over the bar's ms/step, the fraction of the floor "
-        "it reaches: 100% would be a step that only moves its bytes at the peak bandwidth. A path "
-        "measured more than once (runs merged from several databases, or re-measured) is drawn at "
-        "the median of its runs, each run a dot."),
+        "One model, GPU and context: of each model's shortest context with two paths or more "
+        "(where the weights, which every path must stream, weigh most in a step), the one with "
+        "the most paths. One bar per path, slowest at the top, on a log axis of ms per decode "
+        "step: a bar runs from the memory floor of its weight format (the black tick; lower for "
+        "a quantised format, whose bars are hatched) to its median step, so that its length is "
+        "how many times its floor the step takes; the dashed line is the floor of 16-bit (or "
+        "wider) weights. Beside each bar: its ms/step, its fraction of its floor (100% would be "
+        "a step that only moves its bytes at the peak bandwidth) and how many runs of the same "
+        "code and environment its median is of. Drawn are every 16-bit path and the quantised "
+        "paths faster than the fastest of them; the last figure has every path, model and "
+        "context."),
+    "ladders": (
+        "The headline's bars for every model, GPU and context, every path included, on one log "
+        "axis of ms per decode step shared by all panels; beside each bar, its fraction of its "
+        "floor."),
     "quality": (
         "One panel per model and GPU; one colour per path, at its perplexity increase over "
         "float32 (the bar: its 95% interval over windows), a point per context measured, at its "
         "median ms per step. " + QUALITY_NOTE),
 }
 
-# Why each table can be empty, and what fills it.
-EMPTY = {
-    "Cells (the newest row of each)": figures.NO_CELLS,
-    "Forecast, leave-one-out": (
-        "This table is empty: each valid cell on a GPU of the catalogue is forecast from the "
-        "other cells of this database, and no path here has two such cells (a CPU's cells are "
-        "not forecast). `floorline sweep` on a GPU at two contexts or more fills it."),
-    "Forecast of the study's published cells": (
-        "This table is empty: the study's cells (transformers eager and quantised paths) are "
-        "forecast from valid cells of the same paths on a GPU of the catalogue, and this "
-        "database holds none. `floorline sweep --paths hf-eager` on a GPU fills it."),
-    "A/B experiments": "This database holds no A/B experiment: `floorline ab` runs one.",
-    "Quality against float32": (
-        "This database holds no quality measurement: `floorline quality --models DIR --paths "
-        "engine,engine-fp8` measures one for a checkpoint with real weights (random weights have "
-        "no quality to measure)."),
-    "Environments": ("There are no cells, so no environments: `floorline sweep` records each "
-                     "cell's."),
-}
+
+def empty_tables() -> dict[str, str]:
+    """Why each table can be empty, and what fills it, on the machine building the report."""
+    return {
+        "Cells (the newest row of each)": figures.NO_CELLS,
+        "Forecast, leave-one-out": (
+            "This table is empty: each valid cell on a GPU of the catalogue is forecast from the "
+            "other cells of this database, and no path here has two such cells (a CPU's cells are "
+            "not forecast). `floorline sweep` on a GPU at two contexts or more fills it."),
+        "Forecast of the study's published cells": (
+            "This table is empty: the study's cells (transformers eager and quantised paths) are "
+            "forecast from valid cells of the same paths on a GPU of the catalogue, and this "
+            "database holds none. `floorline sweep --paths hf-eager` on a GPU fills it."),
+        "A/B experiments": (f"This database holds no A/B experiment: {here.ab_command()} runs "
+                            "one on this machine."),
+        "Quality against float32": (
+            "This database holds no quality measurement: `floorline quality --models DIR"
+            f"{here.paths_option('engine', 'engine-fp8')}` measures one on this machine for a "
+            "checkpoint with real weights (random weights have no quality to measure)."),
+        "Environments": ("There are no cells, so no environments: `floorline sweep` records each "
+                         "cell's."),
+    }
 
 
 def md(text: str) -> str:
@@ -122,18 +134,24 @@ def _quality_row(q) -> list:
             f["ppl"], f["reference_ppl"], f["vs_fp32"], f["kl"], f["greedy"], q.reason]
 
 
-def build_report(db: Path, out: Path) -> dict:
-    """Writes index.html, report.md and one PNG per figure into `out`; returns what it wrote."""
-    store = Store(db, read_only=True)
-    # The headline draws every stored row (runs merged from several databases, re-measures); the
+def read_sources(store: Store) -> dict:
+    """What the figures are drawn from, by the names FIGURES gives them."""
+    # The ladders draw every stored row (runs merged from several databases, re-measures); the
     # rest, the newest row of each cell.
     sources = {"runs": store.rows(latest=False), "cells": store.rows(),
                "ab": store.ab_summaries(), "explanations": store.explanations()}
-    quality = store.quality_rows()
-    matched = quality_by_cell(sources["cells"], quality)
+    matched = quality_by_cell(sources["cells"], store.quality_rows())
     sources["quality"] = [(c, matched[c.id]) for c in sources["cells"]
                           if c.status == VALID and c.id in matched
                           and matched[c.id].status == VALID]
+    return sources
+
+
+def build_report(db: Path, out: Path) -> dict:
+    """Writes index.html, report.md and one PNG per figure into `out`; returns what it wrote."""
+    store = Store(db, read_only=True)
+    sources = read_sources(store)
+    quality = store.quality_rows()
     out.mkdir(parents=True, exist_ok=True)
     html_parts, md_parts, written = [], [], {"figures": [], "missing": []}
     title = f"floorline report: {db.name}"
@@ -152,14 +170,15 @@ def build_report(db: Path, out: Path) -> dict:
             html_parts.append(f"<p class='missing'>{prose_html(missing)}</p>")
             md_parts.append(f"*{missing}*")
         if fig is not None:
-            png = io.BytesIO()
-            fig.savefig(png, format="png", dpi=110)
-            figures.plt.close(fig)
+            png = figures.png(fig)
             name = f"fig{number}_{key}.png"
-            (out / name).write_bytes(png.getvalue())
-            data = base64.b64encode(png.getvalue()).decode()
-            # onload/onerror mark each image, so that a browser (or the test) can tell it loaded.
-            html_parts.append(f"<img alt='{html.escape(caption)}' onload='this.dataset.loaded=1' "
+            (out / name).write_bytes(png)
+            data = base64.b64encode(png).decode()
+            # onload/onerror mark each image, so that a browser (or the test) can tell it loaded
+            # and where it lies on the page.
+            html_parts.append(f"<img alt='{html.escape(caption)}' onload='this.dataset.loaded=1;"
+                              "this.dataset.bottom=this.getBoundingClientRect().bottom;"
+                              "this.dataset.scale=this.width/this.naturalWidth' "
                               f"onerror='this.dataset.broken=1' "
                               f"src='data:image/png;base64,{data}'>")
             md_parts.append(f"![{caption}]({name})")
@@ -207,13 +226,14 @@ def build_report(db: Path, out: Path) -> dict:
     env_fields = ("device", "driver", "cuda", "torch", "transformers", "floorline")
     sections.append(("Environments", ["key", *env_fields],
                      [[k, *(f.get(x) for x in env_fields)] for k, f in fingerprints.items()]))
+    empty = empty_tables()
     for name, header, rows in sections:
         h, m = _table(header, rows, percent=("of floor",))
         if name == "Quality against float32" and rows:
             h, m = f"<p>{prose_html(QUALITY_NOTE)}</p>{h}", f"{QUALITY_NOTE}\n\n{m}"
         html_parts.append(f"<h2>{html.escape(name)}</h2>"
-                          + (h if rows else f"<p class='missing'>{prose_html(EMPTY[name])}</p>"))
-        md_parts.append(f"## {name}\n\n" + (m if rows else f"*{EMPTY[name]}*"))
+                          + (h if rows else f"<p class='missing'>{prose_html(empty[name])}</p>"))
+        md_parts.append(f"## {name}\n\n" + (m if rows else f"*{empty[name]}*"))
     style = ("body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}"
              "img{max-width:100%}table{border-collapse:collapse;font-size:12px}"
              "td,th{border:1px solid #ccc;padding:2px 6px}.missing{color:#b00}"

@@ -1,18 +1,31 @@
-"""The headline figure: for each model, GPU and context, every path measured as a bar of
-ms/step on one linear axis, the memory floor as a line, each bar labelled with its fraction of
-the floor."""
+"""The headline figure, one panel a reader takes in at a glance, and its small multiples (every
+model, GPU and context). In both, a path is a bar from the floor of its weight format to its
+ms/step on a log axis, so that a bar's length is how many times its floor the step takes."""
 
 from __future__ import annotations
 
 from statistics import median
 
-from floorline.report.figures import NO_CELLS, plt
-from floorline.report.quotes import one_class, steady
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from floorline.report.figures import (
+    HATCH,
+    NO_CELLS,
+    QUANTISED,
+    UNQUANTISED,
+    bars_and_table,
+    legend_below,
+    log_x,
+    plt,
+    table,
+)
+from floorline.report.quotes import one_class, quote, steady
 from floorline.stats import percent
 from floorline.store import CellRow
 from floorline.traffic import WEIGHT_FORMATS
 
-UNQUANTISED, QUANTISED = "tab:blue", "tab:orange"
+WIDTH = 8.2  # inches: 900 pixels at the report's 110 dpi, a README's width
 
 
 def is_quantised(weight_format: str) -> bool:
@@ -21,7 +34,7 @@ def is_quantised(weight_format: str) -> bool:
 
 
 def ladder(cells: list[CellRow]) -> list[dict]:
-    """The figure's numbers: one panel per (model, GPU, context), one bar per path, slowest
+    """The figures' numbers: one panel per (model, GPU, context), one bar per path, slowest
     first. A path measured more than once is drawn at the median of its runs in the class of
     its newest (report/quotes.py: the same code and environment), each run kept in `runs`;
     unsteady runs are left out. A bar's fraction is its own floor (that of its weight format)
@@ -49,49 +62,132 @@ def ladder(cells: list[CellRow]) -> list[dict]:
     return panels
 
 
-def label(bar: dict) -> str:
-    runs = f", median of {len(bar['runs'])} runs" if len(bar["runs"]) > 1 else ""
-    own = " of its floor" if bar["quantised"] else " of the floor"
-    return f"{percent(bar['fraction'])}{own}{runs}"
+def quoted(sources: list[list[CellRow]], model: str, ctx: int, paths) -> list[CellRow]:
+    """The runs a quoted table gives for each of `paths` (its ms/step; report/quotes.py), from
+    the first of `sources` with a steady run of it: drawn, they make its figure."""
+    rows = []
+    for path in paths:
+        for source in sources:
+            step = quote(source, model, ctx, path)
+            if step:
+                rows += [r for r in source if r.id in step.ids]
+                break
+    return rows
+
+
+def pick(panels: list[dict]) -> dict:
+    """The headline's panel: of each model's shortest context with two paths or more (where
+    the weights, which every path must stream, weigh most in a step), the one with the most."""
+    shortest: dict[tuple, dict] = {}
+    for p in [p for p in panels if len(p["bars"]) > 1] or panels:  # sorted by context
+        shortest.setdefault((p["model"], p["gpu"]), p)
+    return max(shortest.values(), key=lambda p: len(p["bars"]))
+
+
+def rungs(bars: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The headline's bars and those left to the small multiples: every 16-bit path, and the
+    quantised paths faster than the fastest 16-bit one."""
+    fastest = min((b["ms"] for b in bars if not b["quantised"]), default=float("inf"))
+    keep = [b for b in bars if not b["quantised"] or b["ms"] < fastest]
+    return keep, [b for b in bars if b not in keep]
+
+
+def ms_axis(ax, bars: list[dict]) -> None:
+    log_x(ax, min(b["floor_ms"] for b in bars) / 1.3, max(b["ms"] for b in bars) * 1.3)
+
+
+def draw(ax, bars: list[dict], floor_ms: float | None, fontsize: float) -> None:
+    """One panel: a bar per path from its own floor (the tick) to its ms, the 16-bit floor as a
+    dashed line, the paths slowest at the top."""
+    y = list(range(len(bars)))
+    ax.barh(y, [b["ms"] - b["floor_ms"] for b in bars], left=[b["floor_ms"] for b in bars],
+            height=0.62, color=[QUANTISED if b["quantised"] else UNQUANTISED for b in bars],
+            hatch=[HATCH if b["quantised"] else "" for b in bars], edgecolor="white", lw=0)
+    ax.vlines([b["floor_ms"] for b in bars], [i - 0.4 for i in y], [i + 0.4 for i in y],
+              color="black", lw=1.5)
+    if floor_ms is not None:
+        ax.axvline(floor_ms, color="black", ls="--", lw=0.9)
+    ax.set_yticks(y, [b["path"] for b in bars], fontsize=fontsize)
+    ax.set_ylim(len(bars) - 0.5, -0.5)
+    ax.tick_params(axis="x", labelsize=fontsize)
+    ax.tick_params(axis="y", length=0)
+
+
+def legend(fig, bars: list[dict], fontsize: float, floor_ms: float | None = None) -> None:
+    """What the bars' colours, hatching, ticks and dashed line mean, for those drawn."""
+    kinds = {b["quantised"] for b in bars}
+    entries = [(False in kinds, Patch(color=UNQUANTISED), "16-bit (or wider) weights"),
+               (True in kinds, Patch(facecolor=QUANTISED, hatch=HATCH, edgecolor="white"),
+                "quantised weights"),
+               (True, Line2D([], [], color="black", marker="|", ls="", ms=9, mew=1.5),
+                "floor of the bar's weight format"),
+               (False in kinds, Line2D([], [], color="black", ls="--", lw=0.9),
+                "16-bit floor" + (f" ({floor_ms:.2f} ms)" if floor_ms else ""))]
+    shown = [(handle, text) for drawn, handle, text in entries if drawn]
+    legend_below(fig, *zip(*shown), fontsize=fontsize)
 
 
 def headline(cells: list[CellRow]):
-    """The headline figure; returns (figure, cell ids, what is missing)."""
+    """The headline figure (900 pixels wide); returns (figure, cell ids, what is missing)."""
     panels = ladder(cells)
     if not panels:
         return None, [], NO_CELLS
-    heights = [len(p["bars"]) * 0.32 + 0.9 for p in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, sum(heights) + 0.8), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
-    for ax, panel in zip(axes[:, 0], panels):
-        bars = panel["bars"]
-        y = range(len(bars))
-        ax.barh(y, [b["ms"] for b in bars], height=0.7,
-                color=[QUANTISED if b["quantised"] else UNQUANTISED for b in bars],
-                hatch=["//" if b["quantised"] else "" for b in bars], edgecolor="white")
-        for i, b in zip(y, bars):
-            ax.plot([b["floor_ms"]] * 2, [i - 0.4, i + 0.4], color="black", lw=1.5)
-            if len(b["runs"]) > 1:
-                ax.plot(b["runs"], [i] * len(b["runs"]), "k.", ms=4)
-            ax.annotate(label(b), (max(b["ms"], *b["runs"]), i), xytext=(4, 0),
-                        textcoords="offset points", va="center", fontsize=7)
-        if panel["floor_ms"] is not None:
-            ax.axvline(panel["floor_ms"], color="black", ls="--", lw=1)
-        top = max(max(b["ms"], *b["runs"]) for b in bars)
-        ax.set_xlim(0, top * 1.45)  # room for the labels right of the longest bar
-        ax.set_yticks(list(y), [b["path"] for b in bars], fontsize=8)
-        ax.set_ylim(len(bars) - 0.5, -0.5)
-        ax.set_title(f"{panel['model']} on {panel['gpu']}, ctx {panel['ctx']}", fontsize=9,
-                     loc="left")
-        ax.tick_params(axis="x", labelsize=7)
-    axes[-1, 0].set_xlabel("ms per decode step (median; shorter is faster)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=UNQUANTISED),
-               plt.Rectangle((0, 0), 1, 1, facecolor=QUANTISED, hatch="//", edgecolor="white"),
-               plt.Line2D([], [], color="black", ls="--"),
-               plt.Line2D([], [], color="black", lw=1.5)]
-    fig.legend(handles, ["16-bit (or wider) weights", "quantised weights",
-                         "memory floor of 16-bit weights",
-                         "the bar's own floor (its weight format)"],
-               loc="upper center", ncol=2, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.55 / (sum(heights) + 0.8)))
-    return fig, sorted(i for p in panels for b in p["bars"] for i in b["ids"]), None
+    panel = pick(panels)
+    bars, left_out = rungs(panel["bars"])
+    fig, ax, tab = bars_and_table((WIDTH, 0.27 * len(bars) + 1.7), 3)
+    draw(ax, bars, panel["floor_ms"], 8.5)
+    ms_axis(ax, bars)
+    table(tab, [[f"{b['ms']:.2f}", percent(b["fraction"]), str(len(b["runs"]))] for b in bars],
+          ["ms/step", "of floor", "runs"], 8.5)
+    fig.suptitle(f"{panel['model']} on {panel['gpu']}, ctx {panel['ctx']}: ms per decode step "
+                 "against the memory floor", fontsize=10)
+    xlabel = "ms per decode step (log axis; a bar runs from its format's floor to the median step)"
+    if left_out:
+        paths = f"{len(left_out)} quantised path{'s' if len(left_out) > 1 else ''}"
+        xlabel += (f"\nnot drawn: {paths} slower than a 16-bit one (every path is in the "
+                   "report's small multiples)")
+    ax.set_xlabel(xlabel, fontsize=8.5)
+    legend(fig, bars, 8.5, panel["floor_ms"])
+    return fig, sorted(i for b in bars for i in b["ids"]), None
+
+
+def newspaper(heights: list[float], n: int) -> list[list[int]]:
+    """Panels, in reading order, cut into at most `n` columns of about equal height."""
+    target, cols, height = sum(heights) / n, [[]], 0.0
+    for i, h in enumerate(heights):
+        if cols[-1] and height + h / 2 > target and len(cols) < n:
+            cols.append([])
+            height = 0.0
+        cols[-1].append(i)
+        height += h
+    return cols
+
+
+def small_multiples(cells: list[CellRow]):
+    """Every panel with every path, in columns, on one shared log axis; returns (figure, cell
+    ids, what is missing)."""
+    panels = ladder(cells)
+    if not panels:
+        return None, [], NO_CELLS
+    # Inches: a bar's row, and a panel's title and ticks. The layout keeps the axes' heights in
+    # the ratio of their bars, so that a bar is as thick in every panel.
+    row, margins = 0.17, 0.4
+    heights = [row * len(p["bars"]) + margins for p in panels]
+    cols = newspaper(heights, min(3, len(panels)))
+    tallest = max(sum(heights[i] for i in col) for col in cols)
+    fig = plt.figure(figsize=(10, tallest + 0.5), layout="constrained")
+    every = [b for p in panels for b in p["bars"]]
+    for sub, col in zip(fig.subfigures(1, len(cols), squeeze=False)[0], cols):
+        spare = tallest - sum(heights[i] for i in col)
+        axes = sub.subplots(len(col) + 1, 2, height_ratios=[len(panels[i]["bars"]) for i in col]
+                            + [max(spare / row, 1e-3)], width_ratios=[5, 1], sharey="row")
+        for ax in axes[-1]:
+            ax.axis("off")
+        for (ax, tab), i in zip(axes, col):
+            p = panels[i]
+            draw(ax, p["bars"], p["floor_ms"], 6)
+            ms_axis(ax, every)
+            table(tab, [[percent(b["fraction"])] for b in p["bars"]], [], 6)
+            ax.set_title(f"{p['model']} on {p['gpu']}, ctx {p['ctx']}", fontsize=7, loc="left")
+    legend(fig, every, 7)
+    return fig, sorted(i for b in every for i in b["ids"]), None
