@@ -12,7 +12,7 @@ import pytest
 from conftest import run_cli
 from floorline.records import INVALID, VALID, CellKey, CellResult
 from floorline.report.build import build_report
-from floorline.store import Store
+from floorline.store import CellRow, Store
 
 RESULTS = Path(__file__).parents[1] / "bench" / "results"
 
@@ -74,13 +74,13 @@ def test_report_from_an_empty_database(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.startswith("missing: ")]
     assert lines[0] == ("missing: figure 1: There are no valid cells yet: `floorline sweep` "
                         "measures them.")
-    assert len(lines) == 9  # every figure says what fills it
+    assert len(lines) == 10  # every figure says what fills it
     for line in lines:  # a whole sentence naming the command that fills it
         assert line.endswith(".") and "`floorline " in line, line
     page = (tmp_path / "out" / "index.html").read_text()
     assert "`" not in page and page.count("<code>floorline ") >= 6
     # Each empty table says why it is empty and which command fills it.
-    assert page.count("class='missing'") == 9 + 6
+    assert page.count("class='missing'") == 10 + 6
     md = (tmp_path / "out" / "report.md").read_text()
     assert "*This table is empty: each valid cell on a GPU of the catalogue" in md
     assert "*This database holds no A/B experiment: `floorline ab --a " in md
@@ -288,3 +288,25 @@ def test_names_with_markup_are_shown_as_text(tmp_path):
     page = (tmp_path / "out" / "index.html").read_text()
     assert "<td>m[/red]*b*_i_|x<code>c</code>&lt;b&gt;&amp;amp;$1$#</td>" in page
     assert "<b>" not in page
+
+
+def test_the_verify_figure_is_each_steps_time_over_the_one_token_steps():
+    from floorline.report.figures import NO_VERIFY, verify_cost, verify_tokens
+    from floorline.report.headline import ladder
+
+    def cell(id, path, ms):
+        return CellRow(id=id, model="m", ctx=2048, path=path, steps=64, warmup=0, gpu="h200",
+                       fingerprint_key="k", finished_at="x", status="valid", median_ms=ms,
+                       total_bytes=100, floor_ms=1.0, weight_format="bf16")
+
+    assert (verify_tokens("engine"), verify_tokens("engine-int4+verify16")) == (1, 16)
+    assert verify_cost([cell(1, "engine", 4.0)]) == (None, [], NO_VERIFY)
+    cells = [cell(1, "engine", 4.0), cell(2, "engine+verify8", 4.6),
+             cell(3, "engine+verify16", 5.2), cell(4, "hf-eager+verify2", 9.0)]
+    fig, ids, missing = verify_cost(cells)
+    (line,) = [ln for ln in fig.axes[0].get_lines() if ln.get_label().startswith("engine")]
+    assert line.get_xdata().tolist() == [1, 8, 16]
+    assert line.get_ydata().tolist() == pytest.approx([1.0, 4.6 / 4.0, 5.2 / 4.0])
+    assert ids == [1, 2, 3] and missing is None  # a verify cell without its one-token step: out
+    # the ladders keep to one-token steps
+    assert [b["path"] for b in ladder(cells)[0]["bars"]] == ["engine"]

@@ -34,6 +34,8 @@ FIGURES = (
     ("quality", "Speed against quality, per path", "quality", figures.speed_vs_quality),
     ("ladders", "Every path against the memory floor, per model, GPU and context", "runs",
      small_multiples),
+    ("verify", "The verify step's cost against the tokens it checks", "cells",
+     figures.verify_cost),
 )
 
 SOURCE_NAMES = {"runs": "cells", "cells": "cells", "ab": "A/B experiments",
@@ -67,6 +69,12 @@ NOTES = {
         "The headline's bars for every model, GPU and context, every path included, on one log "
         "axis of ms per decode step shared by all panels; beside each bar, its fraction of its "
         "floor."),
+    "verify": (
+        "One panel per model and GPU, one line per path and context: the median step that checks "
+        "K tokens at once (the path option +verifyK: the current token and K - 1 drafted ones) "
+        "over the median one-token step, on log axes. The dotted diagonal is K one-token steps; "
+        "a curve near 1 means drafted tokens cost almost nothing to check, so that speculative "
+        "decoding gains nearly every token it keeps."),
     "quality": (
         "One panel per model and GPU; one colour per path, at its perplexity increase over "
         "float32 (the bar: its 95% interval over windows), a point per context measured, at its "

@@ -184,16 +184,23 @@ def context_ticks(axis, contexts: list[int]) -> None:
     axis.set_minor_locator(NullLocator())
 
 
+def model_panels(cells, height: float, margin: float = 0.5):
+    """A figure of one panel per (model, GPU) side by side: it and, per panel, its axes, its
+    (model, GPU) and its cells."""
+    groups = sorted({(c.model, c.gpu) for c in cells})
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups) + margin, height),
+                             squeeze=False, layout="constrained")
+    return fig, [(ax, g, [c for c in cells if (c.model, c.gpu) == g])
+                 for ax, g in zip(axes[0], groups)]
+
+
 def ms_vs_context(cells):
     """ms/step against context, per model and path, with each model's floor as a line."""
     cells = _valid(cells)
     if not cells:
         return None, [], NO_CELLS
-    groups = sorted({(c.model, c.gpu) for c in cells})
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups) + 0.5, 5.5),
-                             squeeze=False, layout="constrained")
-    for ax, (model, gpu) in zip(axes[0], groups):
-        mine = [c for c in cells if (c.model, c.gpu) == (model, gpu)]
+    fig, panels = model_panels(cells, 5.5)
+    for ax, (model, gpu), mine in panels:
         for path in sorted({c.path for c in mine}):
             pts = sorted((c.ctx, c.median_ms, c.p10_ms, c.p90_ms)
                          for c in mine if c.path == path)
@@ -209,8 +216,54 @@ def ms_vs_context(cells):
         ax.title.set_fontsize(9)
         context_ticks(ax.xaxis, [c.ctx for c in mine])
         plain(ax.yaxis)
-    per_path_legend(fig, axes[0])
+    per_path_legend(fig, fig.axes)
     return fig, [c.id for c in cells], None
+
+
+def verify_tokens(path: str) -> int:
+    """Tokens a path's step checks: K for the option +verifyK, else 1."""
+    for option in path.split("+")[1:]:
+        if option.startswith("verify") and option[6:].isdigit():
+            return int(option[6:])
+    return 1
+
+
+NO_VERIFY = ("No verify-step cells: `floorline sweep --paths engine,engine+verify8` (the step "
+             "that checks 8 tokens beside the one-token step; any K from 2 to 16) draws the "
+             "cost curve.")
+
+
+def verify_cost(cells):
+    """The verify step's cost curve: the step that checks K tokens over the one-token step of
+    the same path, model, GPU and context, against K (the lower the curve, the more each kept
+    draft gains in speculative decoding)."""
+    steps = {(c.model, c.gpu, c.ctx, c.path.split("+verify")[0], verify_tokens(c.path)): c
+             for c in _valid(cells)}
+    curves: dict[tuple, list] = {}
+    for (model, gpu, ctx, path, k), c in sorted(steps.items()):
+        one = steps.get((model, gpu, ctx, path, 1))
+        if k > 1 and one is not None:
+            curves.setdefault((model, gpu), {}).setdefault((path, ctx), [(1, 1.0, one.id)]).append(
+                (k, c.median_ms / one.median_ms, c.id))
+    if not curves:
+        return None, [], NO_VERIFY
+    fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves) + 0.5, 4.5),
+                             squeeze=False, layout="constrained")
+    ids = []
+    for ax, ((model, gpu), lines) in zip(axes[0], sorted(curves.items())):
+        for (path, ctx), pts in sorted(lines.items()):
+            ks, ratios, cell_ids = zip(*pts)
+            ax.plot(ks, ratios, lw=1, ms=4, label=f"{path}, ctx {ctx}", **path_style(path))
+            ids += cell_ids
+        ax.plot([1, 16], [1, 16], color="grey", ls=":", lw=1, label="K one-token steps")
+        ax.set(xscale="log", yscale="log", xlabel="tokens checked a step (K)",
+               ylabel="t(K) / t(1)", title=f"{model} on {gpu}")
+        ax.title.set_fontsize(9)
+        ax.xaxis.set_major_locator(FixedLocator([1, 2, 4, 8, 16]))
+        plain(ax.xaxis)
+        plain(ax.yaxis)
+    per_path_legend(fig, axes[0])
+    return fig, sorted(set(ids)), None
 
 
 def ab_forest(experiments):
@@ -333,11 +386,8 @@ def energy_vs_time(cells):
              if c.details.get("energy") and energy_problem(c.details["energy"]) is None]
     if not cells:
         return None, [], NO_ENERGY
-    groups = sorted({(c.model, c.gpu) for c in cells})
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups) + 1.5, 5.2),
-                             squeeze=False, layout="constrained")
-    for ax, (model, gpu) in zip(axes[0], groups):
-        mine = [c for c in cells if (c.model, c.gpu) == (model, gpu)]
+    fig, panels = model_panels(cells, 5.2, margin=1.5)
+    for ax, (model, gpu), mine in panels:
         for path in sorted({c.path for c in mine}):
             pts = sorted((c for c in mine if c.path == path), key=lambda c: c.ctx)
             ax.plot([c.median_ms for c in pts],
@@ -351,7 +401,7 @@ def energy_vs_time(cells):
         ax.title.set_fontsize(9)
         plain(ax.xaxis)
         plain(ax.yaxis)
-    per_path_legend(fig, axes[0])
+    per_path_legend(fig, fig.axes)
     return fig, [c.id for c in cells], None
 
 

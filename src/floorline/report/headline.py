@@ -19,6 +19,7 @@ from floorline.report.figures import (
     log_x,
     plt,
     table,
+    verify_tokens,
 )
 from floorline.report.quotes import one_class, quote, steady
 from floorline.stats import percent
@@ -42,7 +43,8 @@ def ladder(cells: list[CellRow]) -> list[dict]:
     has only quantised ones."""
     groups: dict[tuple, dict[str, list[CellRow]]] = {}
     for c in cells:
-        if steady(c) and c.median_ms and c.floor_ms:
+        # a verify step checks several tokens a step: its cost has a figure of its own
+        if steady(c) and c.median_ms and c.floor_ms and verify_tokens(c.path) == 1:
             by_path = groups.setdefault((c.model, c.gpu, c.ctx), {})
             by_path.setdefault(c.path, []).append(c)
     panels = []
