@@ -33,11 +33,14 @@ def _dot(x, w, acc, SPLIT: tl.constexpr, EMULATE: tl.constexpr):
         hi = x.to(w.dtype)
         lo = (x - hi.to(tl.float32)).to(w.dtype)
         if EMULATE:
-            wt = wt.to(tl.float32)
-            acc = tl.dot(hi.to(tl.float32), wt, acc, input_precision="ieee")
-            return tl.dot(lo.to(tl.float32), wt, acc, input_precision="ieee")
-        return tl.dot(lo, wt, tl.dot(hi, wt, acc))
-    return tl.dot(x, wt, acc, input_precision="ieee")
+            wt32 = wt.to(tl.float32)
+            acc = tl.dot(hi.to(tl.float32), wt32, acc, input_precision="ieee")
+            acc = tl.dot(lo.to(tl.float32), wt32, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(lo, wt, tl.dot(hi, wt, acc))
+    else:
+        acc = tl.dot(x, wt, acc, input_precision="ieee")
+    return acc
 
 
 @triton.jit

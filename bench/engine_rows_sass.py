@@ -1,0 +1,62 @@
+"""The verify step's product for several rows (floorline.engine.kernels.rows), compiled for
+Hopper (sm_90) on any machine (Triton's bundled ptxas, no GPU) in each weight format and fusion
+the verify step launches, at Qwen2.5-7B's shapes: that it compiles (the interpreter, where the
+CPU tests run it, does not type-check as the compiler does), its registers, spills and shared
+memory, and per loop the tensor-core instructions (HMMA) beside the loads.
+
+    python bench/engine_rows_sass.py [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import triton.language as tl
+
+from engine_families_sass import compile_variant  # beside this script
+from floorline.engine.kernels.rows import BLOCK_M, _rows_kernel
+
+TYPES = {"x_ptr": "*fp32", "w_ptr": "*bf16", "up_ptr": "*bf16", "s_ptr": "*bf16",
+         "z_ptr": "*bf16", "up_s_ptr": "*bf16", "up_z_ptr": "*bf16", "bias_ptr": "*bf16",
+         "norm_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+         "eps": "fp32"}
+FORMATS = {  # the weight format's pointer types and its constexprs
+    "bf16": ({}, dict(FORMAT=0, GROUP=8, BLOCK_K=64)),
+    "fp8": ({"w_ptr": "*fp8e4nv", "up_ptr": "*fp8e4nv", "s_ptr": "*fp32", "up_s_ptr": "*fp32"},
+            dict(FORMAT=1, GROUP=8, BLOCK_K=64)),
+    "int4": ({"w_ptr": "*i32", "up_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
+              "up_s_ptr": "*fp16", "up_z_ptr": "*u8"}, dict(FORMAT=2, GROUP=128, BLOCK_K=128)),
+}
+FUSIONS = {  # the verify step's products: qkv (norm, bias), gate/up (norm, SwiGLU), down
+    "qkv+norm+bias": ({}, dict(NORM=True, SWIGLU=False, BIAS=True, ACCUMULATE=False)),
+    "gate/up+norm+swiglu": ({}, dict(NORM=True, SWIGLU=True, BIAS=False, ACCUMULATE=False)),
+    "down, accumulate": ({"x_ptr": "*bf16", "out_ptr": "*fp32"},
+                         dict(NORM=False, SWIGLU=False, BIAS=False, ACCUMULATE=True)),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    os.environ.pop("TRITON_INTERPRET", None)
+    rows = []
+    for fmt, (fmt_types, fmt_constexprs) in FORMATS.items():
+        for fusion, (fusion_types, fusion_constexprs) in FUSIONS.items():
+            constexprs = dict(GELU=False, SPLIT=True, EMULATE=False, DOT=tl.bfloat16,
+                              BLOCK_M=BLOCK_M, BLOCK_N=64, **fmt_constexprs,
+                              **fusion_constexprs)
+            r = compile_variant(f"rows {fmt} {fusion}", _rows_kernel,
+                                {**TYPES, **fmt_types, **fusion_types}, constexprs, 4)
+            rows.append(r)
+            print(f"{r['variant']:40} registers {r['registers']:4} spilled {r['spilled_bytes']:5} B"
+                  f" shared {r['shared_bytes']:6} B", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
