@@ -107,7 +107,9 @@ def test_ctrl_c_ends_a_sweep_in_one_line_keeping_its_cells(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "floorline", "sweep", "--db", str(db), "--models", "tiny-llama",
          "--ctx", "16,24,32,40,48,56", "--paths", "hf-eager", "--steps", "8", "--warmup", "2",
-         "--gpu", GPU], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+         "--gpu", GPU], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        # Ctrl-C as at a terminal: a test run in the background inherits SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     wait_for_cells(db, 1)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
