@@ -297,9 +297,19 @@ class Rows:
 
     def first(self, k: int) -> Rows:
         """The first k rows, as views (the same memory)."""
-        return Rows(k, *(None if t is None else t[:k] for t in (
-            self.token, self.pos, self.h, self.qkv, self.attn, self.act, self.out, self.logits,
-            self.next)))
+        return Rows(k, *(None if t is None else t[:k] for t in self._buffers()))
+
+    def singles(self) -> list[Rows]:
+        """Each token's row as one-token buffers (views), for the operations that run token by
+        token; the decode step's own buffers as they are."""
+        if self.m is None:
+            return [self]
+        return [Rows(None, *(None if t is None else t[j:j + 1] if t.dim() == 1 else t[j]
+                             for t in self._buffers())) for j in range(self.m)]
+
+    def _buffers(self) -> tuple:
+        return (self.token, self.pos, self.h, self.qkv, self.attn, self.act, self.out,
+                self.logits, self.next)
 
 
 class Decoder:
@@ -340,6 +350,7 @@ class Decoder:
                                              attention_splits(c.kv_heads, device), device)
         self.argmax = partial(ops.argmax, scratch=ops.argmax_scratch(c.vocab, device))
         self.many: Rows | None = None  # verify's buffers, for up to VERIFY_MAX tokens
+        self.offsets: torch.Tensor | None = None  # 0 .. VERIFY_MAX - 1: verify's positions
 
     def step(self) -> None:
         """One decode step on the device: reads token and pos, leaves the next token and pos+1."""
@@ -379,34 +390,33 @@ class Decoder:
         the products on [m, ...] rows (each weight read once for all of them) and attention,
         embedding and Gemma's post-norms token by token, in position order."""
         c, w, ops = self.config, self.w, self.ops
-        each = [slice(None)] if rows.m is None else range(rows.m)
-        for j in each:
-            ops.embed(w.embed, rows.token[j:j + 1] if rows.m else rows.token, rows.h[j],
-                      scale=self.embed_scale)
+        singles = rows.singles()
+        for one in singles:
+            ops.embed(w.embed, one.token, one.h, scale=self.embed_scale)
         for i, layer in enumerate(w.layers):
             ops.gemv(rows.h, layer.wqkv, rows.qkv, norm=layer.ln1, eps=c.eps, bias=layer.bqkv)
             cos, sin = self.tables[self.layer_rope[i]]
-            for j in each:
-                ops.attention(rows.qkv[j], self.k_cache[i], self.v_cache[i], cos, sin,
-                              rows.pos[j:j + 1] if rows.m else rows.pos, rows.attn[j],
-                              scale=self.scale, window=c.windows[i], scratch=self.scratch,
-                              block_t=self.block_t, scales=self.cache.scales(i),
-                              q_norm=layer.q_norm, k_norm=layer.k_norm, eps=c.eps,
-                              rotary=self.rotary)
-            self._add(rows, rows.attn, layer.wo, layer.bo, layer.post_attn)
+            for one in singles:
+                ops.attention(one.qkv, self.k_cache[i], self.v_cache[i], cos, sin, one.pos,
+                              one.attn, scale=self.scale, window=c.windows[i],
+                              scratch=self.scratch, block_t=self.block_t,
+                              scales=self.cache.scales(i), q_norm=layer.q_norm,
+                              k_norm=layer.k_norm, eps=c.eps, rotary=self.rotary)
+            self._add(rows, singles, rows.attn, layer.wo, layer.bo, layer.post_attn)
             ops.gemv(rows.h, layer.wgate, rows.act, norm=layer.ln2, eps=c.eps, up=layer.wup,
                      act=c.act)
-            self._add(rows, rows.act, layer.wdown, None, layer.post_mlp)
+            self._add(rows, singles, rows.act, layer.wdown, None, layer.post_mlp)
         self._logits(rows.h, rows.logits)
 
-    def _add(self, rows: Rows, x, w, bias, post_norm) -> None:
-        """h += W x (+ b), or with a norm after the product (Gemma) h += rmsnorm(W x)."""
+    def _add(self, rows: Rows, singles: list[Rows], x, w, bias, post_norm) -> None:
+        """h += W x (+ b), or with a norm after the product (Gemma) h += rmsnorm(W x), the
+        norm token by token."""
         if post_norm is None:
             self.ops.gemv(x, w, rows.h, bias=bias, accumulate=True)
             return
         self.ops.gemv(x, w, rows.out, bias=bias)
-        for j in [slice(None)] if rows.m is None else range(rows.m):
-            self.ops.add_norm(rows.out[j], post_norm, rows.h[j], eps=self.config.eps)
+        for one in singles:
+            self.ops.add_norm(one.out, post_norm, one.h, eps=self.config.eps)
 
     def _logits(self, x: torch.Tensor, logits: torch.Tensor) -> None:
         c = self.config
