@@ -291,7 +291,8 @@ def test_names_with_markup_are_shown_as_text(tmp_path):
 
 
 def test_the_verify_figure_is_each_steps_time_over_the_one_token_steps():
-    from floorline.report.figures import NO_VERIFY, verify_cost, verify_tokens
+    from floorline.paths import verify_tokens
+    from floorline.report.figures import NO_VERIFY, verify_cost
     from floorline.report.headline import ladder
 
     def cell(id, path, ms):

@@ -135,7 +135,8 @@ def test_the_rows_product_matches_the_reference(fmt, dtype, fusion):
 @pytest.mark.parametrize("text, message", [
     ("engine+verify1", "K from 2 to 16"), ("engine+verify17", "K from 2 to 16"),
     ("engine+verifyx", "K from 2 to 16"), ("hf-eager+verify4", "on the engine's paths only"),
-    ("engine+verify4+verify4", "repeats an option"),
+    ("engine+verify4+verify4", "repeats an option"), ("engine+verify4+verify8", "repeats"),
+    ("engine+verifyK", "K from 2 to 16"),  # the name the option list gives it
 ])
 def test_a_verify_path_names_its_tokens(text, message):
     from floorline.paths import parse_path

@@ -33,19 +33,18 @@ def parse_path(text: str) -> PathSpec:
     base, *options = text.strip().split("+")
     if base not in REGISTRY:
         raise FloorlineError(f"unknown path '{text}'; base paths: {', '.join(REGISTRY)}")
-    verify = 1
+    verify = [o for o in options if o.startswith("verify")]
     for option in options:
-        if option.startswith("verify") and option != "verifyK":
-            verify = _verify_tokens(option, text)
-            if not isinstance(REGISTRY[base], EnginePath):
-                raise FloorlineError(f"path '{text}': +{option} times the engine's verify "
-                                     "step, on the engine's paths only")
-        elif option not in OPTIONS:
+        if option not in OPTIONS and option not in verify:
             raise FloorlineError(f"unknown option '+{option}' in path '{text}'; options: "
                                  + ", ".join("+" + o for o in OPTIONS))
-    if len(set(options)) != len(options):
+    if len(set(options)) != len(options) or len(verify) > 1:
         raise FloorlineError(f"path '{text}' repeats an option")
-    return PathSpec(base, "compile" in options, "graphs" in options, verify)
+    k = _verify_tokens(verify[0], text) if verify else 1
+    if k > 1 and not isinstance(REGISTRY[base], EnginePath):
+        raise FloorlineError(f"path '{text}': +{verify[0]} times the engine's verify step, on "
+                             "the engine's paths only")
+    return PathSpec(base, "compile" in options, "graphs" in options, k)
 
 
 def _verify_tokens(option: str, text: str) -> int:
@@ -56,6 +55,13 @@ def _verify_tokens(option: str, text: str) -> int:
         raise FloorlineError(f"path '{text}': +verifyK takes K from 2 to {VERIFY_MAX} tokens, "
                              f"not '+{option}'")
     return int(k)
+
+
+def verify_tokens(path: str) -> int:
+    """Tokens a stored path's step checks (parse_path checked its name when it was measured):
+    K for the option +verifyK, else 1."""
+    return next((int(o[6:]) for o in path.split("+")[1:]
+                 if o.startswith("verify") and o[6:].isdigit()), 1)
 
 
 def unavailable(path_spec: PathSpec, device: str) -> str | None:
@@ -91,4 +97,4 @@ def open_session(path_spec: PathSpec, model_spec, device: str, capacity: int, se
 
 
 __all__ = ["REGISTRY", "DecodePath", "PathSpec", "PathUnavailable", "Session", "open_session",
-           "parse_path", "require_available", "unavailable"]
+           "parse_path", "require_available", "unavailable", "verify_tokens"]

@@ -32,7 +32,7 @@ from floorline.hardware import lookup  # noqa: E402
 from floorline.measure.energy import energy_problem  # noqa: E402
 from floorline.measure.reduction import reductions  # noqa: E402
 from floorline.models import resolve_model  # noqa: E402
-from floorline.paths import REGISTRY  # noqa: E402
+from floorline.paths import REGISTRY, verify_tokens  # noqa: E402
 from floorline.records import VALID  # noqa: E402
 from floorline.report import here  # noqa: E402
 from floorline.stats import percent  # noqa: E402
@@ -218,14 +218,6 @@ def ms_vs_context(cells):
         plain(ax.yaxis)
     per_path_legend(fig, fig.axes)
     return fig, [c.id for c in cells], None
-
-
-def verify_tokens(path: str) -> int:
-    """Tokens a path's step checks: K for the option +verifyK, else 1."""
-    for option in path.split("+")[1:]:
-        if option.startswith("verify") and option[6:].isdigit():
-            return int(option[6:])
-    return 1
 
 
 NO_VERIFY = ("No verify-step cells: `floorline sweep --paths engine,engine+verify8` (the step "

@@ -9,6 +9,7 @@ from statistics import median
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from floorline.paths import verify_tokens
 from floorline.report.figures import (
     HATCH,
     NO_CELLS,
@@ -19,7 +20,6 @@ from floorline.report.figures import (
     log_x,
     plt,
     table,
-    verify_tokens,
 )
 from floorline.report.quotes import one_class, quote, steady
 from floorline.stats import percent
