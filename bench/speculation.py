@@ -39,9 +39,10 @@ def main() -> None:
                                  max_new_tokens=args.max_new_tokens, device=args.device,
                                  dtype=args.dtype)
             rows.append(r.as_dict())
-            rate = "-" if r.acceptance is None else f"{r.acceptance:.0%}"
-            print(f"{r.drafter:>12} {workload:>10}: {r.tokens} tokens, {rate} of drafts kept, "
-                  f"{r.tokens_per_step:.2f} tokens a step, {r.ms_per_token:.2f} ms/token against "
+            s = r.speculation
+            rate = "-" if s.acceptance is None else f"{s.acceptance:.0%}"
+            print(f"{s.drafter:>12} {workload:>10}: {s.tokens} tokens, {rate} of drafts kept, "
+                  f"{s.tokens_per_step:.2f} tokens a step, {r.ms_per_token:.2f} ms/token against "
                   f"{r.plain_ms_per_token:.2f} plain ({r.speedup:.2f}x), identical "
                   f"{r.identical}/{r.prompts}", flush=True)
     end = host_load(args.device, since=start)

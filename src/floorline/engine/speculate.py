@@ -33,6 +33,16 @@ from floorline.errors import FloorlineError
 AUTO = "auto"  # draft length chosen from the acceptance so far
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens two sequences share from their start."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class PromptLookup:
     """Drafts by n-gram lookup in the context so far (prompt and reply)."""
 
@@ -40,11 +50,11 @@ class PromptLookup:
 
     def __init__(self, max_ngram: int = 3):
         self.max_ngram = max_ngram
-        self.index: list[dict[tuple, int]] = [{} for _ in range(max_ngram + 1)]
-        self.indexed = 0  # n-grams ending before this position are in the index
+        self.start_prompt([])
 
     def start_prompt(self, prompt: list[int]) -> None:
-        self.index = [{} for _ in range(self.max_ngram + 1)]
+        # per n, each n-gram's latest continuation; n-grams ending before `indexed` are in
+        self.index: list[dict[tuple, int]] = [{} for _ in range(self.max_ngram + 1)]
         self.indexed = 0
 
     def draft(self, context: list[int], count: int) -> list[int]:
@@ -98,10 +108,7 @@ class DraftModel:
         target's own, where every draft was kept) is stepped in."""
         e = self.engine
         needed = context[self.start:-1]
-        valid = 0
-        while valid < min(len(needed), len(self.fed)) and needed[valid] == self.fed[valid]:
-            valid += 1
-        for i in range(valid, len(needed)):
+        for i in range(common_prefix(needed, self.fed), len(needed)):
             e.seek(self.start + i, needed[i])
             e.step()
         e.seek(len(context) - 1, context[-1])
@@ -137,6 +144,11 @@ class Stats:
         self.drafted += drafted
         self.accepted += kept
         self.tokens += delivered
+
+    def add(self, other: Stats) -> None:
+        """Another reply's counts added to these."""
+        for name in ("verify_steps", "plain_steps", "drafted", "accepted", "tokens"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def as_dict(self) -> dict:
         return {**asdict(self), "acceptance": self.acceptance,

@@ -38,7 +38,13 @@ from floorline.engine.kvcache import check_format
 from floorline.engine.model import VERIFY_MAX
 from floorline.engine.runtime import Engine
 from floorline.engine.sampling import Sampler
-from floorline.engine.speculate import AUTO, DraftLength, Speculator, drafter_for
+from floorline.engine.speculate import (
+    AUTO,
+    DraftLength,
+    Speculator,
+    common_prefix,
+    drafter_for,
+)
 from floorline.errors import FloorlineError, one_line
 from floorline.hardware import detect
 from floorline.models import resolve_model
@@ -76,15 +82,6 @@ class Completion:
     text: str
     token_ids: list[int]
     report: Report
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class Model:
