@@ -120,13 +120,14 @@ def compile_variant(name, kernel, types, constexprs, warps, divisible=()) -> dic
             "loop_shared_loads": ops["LDS"] + ops["LDSM"], "loop_conversions": ops["F2FP"]}
 
 
-def main() -> None:
+def compile_all(variants) -> None:
+    """Each variant compiled and printed as it comes; with --json, every row into that file."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
     args = parser.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)
     rows = []
-    for variant in VARIANTS:
+    for variant in variants:
         rows.append(compile_variant(*variant))
         r = rows[-1]
         loop = (f" | loop {r['loop_instructions']:5}: async copies {r['loop_async_copies']:3}, "
@@ -136,6 +137,10 @@ def main() -> None:
               f"shared {r['shared_bytes']:6} B{loop}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+def main() -> None:
+    compile_all(VARIANTS)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,17 @@
 """The verify step's product for several rows (floorline.engine.kernels.rows), compiled for
 Hopper (sm_90) on any machine (Triton's bundled ptxas, no GPU) in each weight format and fusion
-the verify step launches, at Qwen2.5-7B's shapes: that it compiles (the interpreter, where the
-CPU tests run it, does not type-check as the compiler does), its registers, spills and shared
-memory, and per loop the tensor-core instructions (HMMA) beside the loads.
+the verify step launches: that it compiles (the interpreter, where the CPU tests run it, does
+not type-check as the compiler does), its registers, spills and shared memory, and its loop's
+instructions (bench/engine_families_sass.py prints them).
 
     python bench/engine_rows_sass.py [--json out.json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-from pathlib import Path
-
 import triton.language as tl
 
-from engine_families_sass import compile_variant  # beside this script
+from engine_families_sass import compile_all  # beside this script
 from floorline.engine.kernels.rows import BLOCK_M, _rows_kernel
 
 TYPES = {"x_ptr": "*fp32", "w_ptr": "*bf16", "up_ptr": "*bf16", "s_ptr": "*bf16",
@@ -39,23 +34,12 @@ FUSIONS = {  # the verify step's products: qkv (norm, bias), gate/up (norm, SwiG
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--json")
-    args = parser.parse_args()
-    os.environ.pop("TRITON_INTERPRET", None)
-    rows = []
-    for fmt, (fmt_types, fmt_constexprs) in FORMATS.items():
-        for fusion, (fusion_types, fusion_constexprs) in FUSIONS.items():
-            constexprs = dict(GELU=False, SPLIT=True, EMULATE=False, DOT=tl.bfloat16,
-                              BLOCK_M=BLOCK_M, BLOCK_N=64, **fmt_constexprs,
-                              **fusion_constexprs)
-            r = compile_variant(f"rows {fmt} {fusion}", _rows_kernel,
-                                {**TYPES, **fmt_types, **fusion_types}, constexprs, 4)
-            rows.append(r)
-            print(f"{r['variant']:40} registers {r['registers']:4} spilled {r['spilled_bytes']:5} B"
-                  f" shared {r['shared_bytes']:6} B", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    compile_all([
+        (f"rows {fmt} {fusion}", _rows_kernel, {**TYPES, **fmt_types, **fusion_types},
+         dict(GELU=False, SPLIT=True, EMULATE=False, DOT=tl.bfloat16, BLOCK_M=BLOCK_M,
+              BLOCK_N=64, **fmt_constexprs, **fusion_constexprs), 4)
+        for fmt, (fmt_types, fmt_constexprs) in FORMATS.items()
+        for fusion, (fusion_types, fusion_constexprs) in FUSIONS.items()])
 
 
 if __name__ == "__main__":
