@@ -162,3 +162,10 @@ def test_a_workload_measures_acceptance_and_checks_every_reply(smollm2):
     assert set(r.as_dict()) == set(committed)  # the bench's file keeps its fields
     with pytest.raises(FloorlineError, match="unknown workload 'poems'"):
         measure_workload(str(smollm2.weights_dir), "poems", "lookup")
+
+
+def test_a_bad_draft_length_is_refused_before_the_model_loads(tmp_path, cli):
+    # a directory with no checkpoint at all: the option is refused before it is looked at
+    proc = cli("generate", "--model", tmp_path, "--prompt", "hi", "--draft", "lookup",
+               "--draft-tokens", "16", "--device", "cpu")
+    assert proc.returncode == 2 and "must be 1 to 15 or 'auto', not 16" in proc.stderr

@@ -16,7 +16,7 @@ from floorline.engine.kvcache import check_format
 from floorline.engine.model import VERIFY_MAX
 from floorline.engine.runtime import Engine
 from floorline.engine.sampling import Sampler
-from floorline.engine.speculate import AUTO, Speculator, Stats, drafter_for
+from floorline.engine.speculate import AUTO, Speculator, Stats, check_draft_tokens, drafter_for
 from floorline.errors import FloorlineError, one_line
 from floorline.models import resolve_model
 from floorline.models.zoo import shipped_name
@@ -214,6 +214,8 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
         sampler = Sampler(temperature, top_p)
     except ValueError as e:
         raise FloorlineError(str(e)) from None
+    if draft is not None:
+        check_draft_tokens(draft_tokens)  # before anything loads
     model_spec = resolve_model(str(model))
     if not model_spec.has_real_weights:
         what = ("is a shipped config without weights" if shipped_name(str(model))

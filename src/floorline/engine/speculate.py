@@ -162,16 +162,21 @@ class Stats:
                 f"and {self.plain_steps} plain steps")
 
 
+def check_draft_tokens(setting: int | str) -> int | str:
+    """A draft length as given (1 to VERIFY_MAX - 1, or AUTO), refused otherwise."""
+    if setting != AUTO and (not isinstance(setting, int) or not 1 <= setting < VERIFY_MAX):
+        raise FloorlineError(f"draft tokens (--draft-tokens) must be 1 to {VERIFY_MAX - 1} or "
+                             f"'{AUTO}', not {setting!r}")
+    return setting
+
+
 class DraftLength:
     """Drafts per verify step: fixed, or (auto) twice the mean run of kept drafts so far plus
     one, so that a drafter that is often right is given room and one that is not costs little;
     at most VERIFY_MAX - 1."""
 
     def __init__(self, setting: int | str):
-        if setting != AUTO and (not isinstance(setting, int) or not 1 <= setting < VERIFY_MAX):
-            raise FloorlineError(f"draft tokens (--draft-tokens) must be 1 to {VERIFY_MAX - 1} "
-                                 f"or '{AUTO}', not {setting!r}")
-        self.setting = setting
+        self.setting = check_draft_tokens(setting)
         self.runs: list[int] = []
 
     def next(self) -> int:

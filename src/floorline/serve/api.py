@@ -40,8 +40,8 @@ from floorline.engine.runtime import Engine
 from floorline.engine.sampling import Sampler
 from floorline.engine.speculate import (
     AUTO,
-    DraftLength,
     Speculator,
+    check_draft_tokens,
     common_prefix,
     drafter_for,
 )
@@ -127,8 +127,7 @@ class Model:
             capacity = min(capacity, limit)
         self.engine = Engine(self.spec, self.device, capacity, dtype=DTYPES[dtype][0],
                              weights=weights, head=head, kv=kv, group_size=group_size)
-        DraftLength(draft_tokens)  # checked now, not at the first request
-        self.draft_tokens = draft_tokens
+        self.draft_tokens = check_draft_tokens(draft_tokens)  # now, not at the first request
         self.drafter = None if draft is None else drafter_for(
             draft, lambda path: draft_engine(path, self.tokenizer, self.device, capacity,
                                              DTYPES[dtype][0]))
