@@ -191,6 +191,7 @@ def test_floor_notes_a_context_above_the_models_positions():
      "--max-new-tokens"),
     (["floor", "--model", " ", "--gpu", "l4"], "the model is empty"),
     (["generate", "--model", "x", "--prompt", "p", "--temperature", "inf"], "temperature"),
+    (["generate", "--model", "x", "--prompt", "p", "--temperature", "nan"], "--temperature"),
     (["sweep", "--no-such-option"], "--no-such-option"),
     (["floor", "--gpu", "l4"], "--model"),
 ])

@@ -161,6 +161,9 @@ def test_bad_arguments_are_one_line_errors(checkpoint):
         generate(checkpoint, PROMPT, dtype="float16")
     with pytest.raises(FloorlineError, match="top_p"):
         generate(checkpoint, PROMPT, temperature=1.0, top_p=0.0)
+    for value in (float("nan"), float("inf")):  # nan passes every comparison
+        with pytest.raises(FloorlineError, match="temperature must be a finite number"):
+            generate(checkpoint, PROMPT, temperature=value)
 
 
 def test_int4_and_fp8_generate_from_a_16bit_checkpoint(cli, checkpoint):

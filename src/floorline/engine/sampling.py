@@ -3,6 +3,8 @@ with nucleus (top-p) sampling."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from floorline.engine.kernels.tokens import argmax_reference
@@ -10,6 +12,8 @@ from floorline.engine.kernels.tokens import argmax_reference
 
 class Sampler:
     def __init__(self, temperature: float = 0.0, top_p: float = 1.0):
+        if not math.isfinite(temperature):  # nan passes the comparison below, inf would too
+            raise ValueError(f"temperature must be a finite number, got {temperature}")
         if temperature < 0 or not 0 < top_p <= 1:
             raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
         self.temperature, self.top_p = temperature, top_p

@@ -18,7 +18,6 @@ an answer from the same cache state; `reuse_prefix=False` makes every request st
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -180,8 +179,6 @@ class Model:
         request is checked (RequestError) before this returns; the model is taken, waiting for
         any request before it, when the first piece is asked for."""
         started = time.perf_counter()
-        if not math.isfinite(temperature):
-            raise RequestError(f"temperature must be a finite number, got {temperature}")
         try:
             sampler = Sampler(temperature, top_p)
         except ValueError as e:
