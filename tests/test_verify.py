@@ -17,10 +17,10 @@ def engine(spec, backend="reference", **formats) -> Engine:
     return Engine(spec, "cpu", 96, dtype=torch.float32, backend=backend, seed=1, **formats)
 
 
-def single_steps(spec, k, **formats):
-    """k decode steps after the prompt: each step's input token and logits, and the cache."""
+def single_steps(spec, prompt, k, **formats):
+    """k decode steps after `prompt`: each step's input token and logits, and the engine."""
     e = engine(spec, **formats)
-    e.prefill(torch.tensor(PROMPT))
+    e.prefill(torch.tensor(prompt))
     inputs, logits = [], []
     for _ in range(k):
         inputs.append(e.token.item())
@@ -54,16 +54,10 @@ def test_a_verify_step_equals_k_single_steps(spec, formats):
     e = engine(spec, **formats)
     e.prefill(torch.tensor(PROMPT * 3))
     start = e.filled
-    base_inputs, base_logits = [], []
-    reference = engine(spec, **formats)
-    reference.prefill(torch.tensor(PROMPT * 3))
-    for _ in range(k):
-        base_inputs.append(reference.token.item())
-        reference.step()
-        base_logits.append(reference.logits.clone())
+    base_inputs, base_logits, reference = single_steps(spec, PROMPT * 3, k, **formats)
     rows = e.verify(base_inputs[1:])
-    assert torch.allclose(rows.logits, torch.stack(base_logits), rtol=1e-5, atol=1e-5)
-    assert rows.next.tolist() == [int(t.argmax()) for t in base_logits]
+    assert torch.allclose(rows.logits, base_logits, rtol=1e-5, atol=1e-5)
+    assert rows.next.tolist() == base_logits.argmax(-1).tolist()
     for mine, theirs in zip(cache_of(e, start + k), cache_of(reference, start + k)):
         assert (mine - theirs).abs().max() <= 1e-5 * theirs.abs().max()
     # token and position are the caller's to move: accepting all k continues as the steps did
