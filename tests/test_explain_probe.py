@@ -3,7 +3,6 @@ import json
 import pytest
 
 from conftest import run_cli
-from floorline.errors import FloorlineError
 from floorline.hardware import lookup
 from floorline.measure.explain import by_class, classify, decompose, explain, union_us
 from floorline.measure.probe import probe
@@ -46,21 +45,27 @@ def test_decomposition_sums_to_the_median():
     assert sum(d[k] for k in PARTS) == pytest.approx(d["median_ms"])
 
 
-def explained(*args, **kwargs):
-    """explain, tried again where a busy host made it refuse to split the step (that refusal is
-    tested in test_steadiness.py)."""
-    for attempt in range(3):
-        try:
-            return explain(*args, **kwargs)
-        except FloorlineError as e:
-            if "too noisy" not in str(e) or attempt == 2:
-                raise
+def test_a_scale_multiplies_every_class_and_the_parts_still_sum():
+    events = [("gemv2T_kernel", 0, 4, 4), ("elementwise_add", 6, 8, 2),
+              ("gemv2T_kernel", 10, 14, 4), ("elementwise_add", 16, 18, 2)]
+    classes = by_class(events, 2, {"matrix-vector": 8000}, scale=0.5)
+    assert classes["matrix-vector"]["ms"] == pytest.approx(0.002)
+    assert classes["matrix-vector"]["gbps"] == pytest.approx(8000 / (0.002 * 1e6))
+    d = decompose(classes, events, steps=2, median_ms=0.0045, floor_ms=0.001, scale=0.5)
+    assert d["kernel_ms"] == pytest.approx(0.003) and d["profiler_scale"] == 0.5
+    assert d["launch_and_idle_ms"] == pytest.approx(0.0015)
+    assert sum(d[k] for k in PARTS) == pytest.approx(d["median_ms"])
 
 
 def test_explain_a_tiny_cell_on_the_cpu():
-    r = explained("tiny-llama", 32, "hf-static", "cpu", lookup("l4"), steps=4, warmup=2)
-    assert all(r["decomposition"][k] >= 0 for k in PARTS)  # never a negative share
+    r = explain("tiny-llama", 32, "hf-static", "cpu", lookup("l4"), steps=4, warmup=2)
     d = r["decomposition"]
+    # The host's operators are split on the profiled timeline, scaled to the unprofiled median:
+    # their share of the step is their share of the timeline, whatever the host's load.
+    assert d["profiler_scale"] == pytest.approx(d["median_ms"] / d["profiled_timeline_ms"])
+    assert d["kernel_ms"] / d["median_ms"] == pytest.approx(
+        d["busy_union_ms"] / d["profiled_timeline_ms"], rel=1e-3)
+    assert all(d[k] >= 0 for k in PARTS)  # never a negative share
     assert sum(d[k] for k in PARTS) == pytest.approx(d["median_ms"])
     assert sum(c["ms"] for c in r["classes"].values()) == pytest.approx(d["kernel_ms"])
     mv = r["classes"]["matrix-vector"]

@@ -258,8 +258,8 @@ def test_kernels_longer_than_the_step_are_refused():
 def test_explain_refuses_instead_of_printing_negatives(monkeypatch):
     real = explain_module.decompose
 
-    def noisy(classes, events, steps, median_ms, floor_ms):
-        return real(classes, events, steps, median_ms / 100, floor_ms)
+    def noisy(classes, events, steps, median_ms, floor_ms, scale):
+        return real(classes, events, steps, median_ms / 100, floor_ms, scale)
     monkeypatch.setattr(explain_module, "decompose", noisy)
     with pytest.raises(explain_module.FloorlineError, match="too noisy to split the step"):
         explain("tiny-llama", 16, "hf-eager", "cpu", lookup("l4"), steps=2, warmup=1)

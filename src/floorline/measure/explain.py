@@ -10,7 +10,9 @@ None is negative: where one would be (split_problem), explain refuses, as one li
 nothing.
 Kernel durations come from the profiler, which barely stretches them; the profiled timeline
 (first kernel start to last kernel end) is reported beside, since tracing slows the host and so
-stretches the gaps. On the CPU, "kernels" are aten operators (own time) on the host's timeline.
+stretches the gaps. On the CPU, "kernels" are aten operators (own time) on the host's timeline,
+and the profiler stretches them as much as the gaps (both are host work): there the profiled
+timeline is split and scaled to the unprofiled median (the decomposition's `profiler_scale`).
 The cell runs in a fresh process through the runner (measure/runner.py), as a sweep's cells do.
 """
 
@@ -83,7 +85,14 @@ def _events(prof, device: str) -> list[tuple[str, float, float, float]]:
 FLOOR_CLASSES = ("matrix-vector", "attention")  # the classes that move the floor's bytes
 
 
-def by_class(events, steps: int, bytes_by_class: dict[str, int]) -> dict[str, dict]:
+def timeline_ms(events, steps: int) -> float:
+    """First start to last end of the profiled steps, per step."""
+    return (max(e for _, _, e, _ in events) - min(s for _, s, _, _ in events)) / steps / 1e3
+
+
+def by_class(events, steps: int, bytes_by_class: dict[str, int],
+             scale: float = 1.0) -> dict[str, dict]:
+    """Kernels, ms and GB/s of each class per step; `scale` multiplies the profiled times."""
     time_us, count = defaultdict(float), defaultdict(int)
     for name, _, _, own in events:
         cls = classify(name)
@@ -91,7 +100,7 @@ def by_class(events, steps: int, bytes_by_class: dict[str, int]) -> dict[str, di
         count[cls] += 1
     rows = {}
     for cls, _ in CLASSES:
-        ms = time_us[cls] / steps / 1e3
+        ms = time_us[cls] / steps / 1e3 * scale
         moved = bytes_by_class.get(cls)
         rows[cls] = {"kernels_per_step": count[cls] / steps, "ms": ms, "bytes": moved,
                      "gbps": moved / (ms * 1e6) if moved and ms > 0 else None}
@@ -99,7 +108,8 @@ def by_class(events, steps: int, bytes_by_class: dict[str, int]) -> dict[str, di
 
 
 def decompose(classes: dict[str, dict], events, steps: int, median_ms: float,
-              floor_ms: float) -> dict:
+              floor_ms: float, scale: float = 1.0) -> dict:
+    """The median's parts from `classes` (by_class() with the same `scale`)."""
     needed = sum(classes[c]["ms"] for c in FLOOR_CLASSES)
     busy = sum(row["ms"] for row in classes.values())
     return {
@@ -107,8 +117,7 @@ def decompose(classes: dict[str, dict], events, steps: int, median_ms: float,
         "other_kernels_ms": busy - needed, "launch_and_idle_ms": median_ms - busy,
         "median_ms": median_ms, "kernel_ms": busy,
         "busy_union_ms": union_us([(s, e) for _, s, e, _ in events]) / steps / 1e3,
-        "profiled_timeline_ms": (max(e for _, _, e, _ in events)
-                                 - min(s for _, s, _, _ in events)) / steps / 1e3,
+        "profiled_timeline_ms": timeline_ms(events, steps), "profiler_scale": scale,
     }
 
 
@@ -180,8 +189,12 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     events = _events(prof, device)
     if not events:
         raise RuntimeError("the profiler recorded no kernels")
-    classes = by_class(events, steps, {"matrix-vector": matrix_bytes, "attention": f.kv_bytes})
-    d = decompose(classes, events, steps, median, f.floor_ms)
+    # A CPU's operators are host work, stretched by the profiler as much as the gaps between
+    # them: their unscaled times can sum past the unprofiled median on a busy host.
+    scale = 1.0 if device.startswith("cuda") else median / timeline_ms(events, steps)
+    classes = by_class(events, steps, {"matrix-vector": matrix_bytes, "attention": f.kv_bytes},
+                       scale)
+    d = decompose(classes, events, steps, median, f.floor_ms, scale)
     problem = split_problem(d)
     if problem:  # an error, not an explanation: nothing is stored
         raise FloorlineError(problem)
