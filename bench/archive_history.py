@@ -3,15 +3,16 @@
     .venv/bin/python bench/archive_history.py    (from the repository root)
 
 Finds every version (git blob) of every *.db under bench/results/, subfolders included, in every
-commit reachable from any ref, and merges them oldest first into bench/results/h200_archive.db
-with floorline.store.merge, then the working tree's bench/results/**/*.db. Each version is
+commit reachable from any ref, and merges them oldest first into
+bench/results/merged/h200_archive.db with floorline.store.merge, then the working tree's
+bench/results/**/*.db. Each version is
 merged from a copy named <its path under bench/results/, "/" as "__">@<commit>_<date>.db (the
 first commit holding that version, abbreviated, and its date; "@worktree" for the working
 tree), so the merged_from of each cell it adds, and the options of a "merge" run made for rows
 older than runs, name the file and the commit. A row the archive already holds (by the merge's
 identity) is skipped: a row is credited to the oldest version that held it. A source that
 cannot be read is named on stderr with the reason and skipped; the archive itself is never a
-source.
+source, at its path nor at any other (a file named h200_archive.db: where it was kept before).
 
 The archive is rebuilt from scratch in a temporary folder and renamed over the old one, so a
 re-run holds the same rows; it is VACUUMed and left in rollback-journal mode (no -wal file).
@@ -35,7 +36,7 @@ from floorline.errors import FloorlineError
 from floorline.store import IDENTITY, Store, merge
 
 RESULTS = Path("bench/results")
-ARCHIVE = RESULTS / "h200_archive.db"
+ARCHIVE = RESULTS / "merged" / "h200_archive.db"
 MAX_BYTES = 30 * 2**20  # the largest archive worth committing
 
 
@@ -48,9 +49,15 @@ def source_name(path: str, tag: str) -> str:
     return f"{Path(path).relative_to(RESULTS).as_posix().replace('/', '__')}@{tag}.db"
 
 
+def is_archive(path: str, skip: str) -> bool:
+    """Whether a database under bench/results/ is the archive: the one at `skip`, or one named
+    as the archive is (the archive as committed at an earlier path)."""
+    return path == skip or Path(path).name == ARCHIVE.name
+
+
 def committed_versions(repo: Path, skip: str) -> dict[str, tuple[str, int]]:
     """{blob: (its source name, the index of the first commit holding it, oldest first)} for
-    each *.db blob under bench/results/ in any commit but at path `skip`."""
+    each *.db blob under bench/results/ in any commit but the archive's (is_archive)."""
     versions: dict[str, tuple[str, int]] = {}
     log = git(repo, "log", "--all", "--reverse", "--date-order", "--format=%H %h %cs")
     for index, (commit, short, date) in enumerate(line.split() for line in log.splitlines()):
@@ -59,7 +66,7 @@ def committed_versions(repo: Path, skip: str) -> dict[str, tuple[str, int]]:
                 continue
             meta, path = entry.split("\t", 1)
             _, kind, blob = meta.split()
-            if kind == "blob" and path.endswith(".db") and path != skip:
+            if kind == "blob" and path.endswith(".db") and not is_archive(path, skip):
                 versions.setdefault(blob, (source_name(path, f"{short}_{date}"), index))
     return versions
 
@@ -137,7 +144,7 @@ def main(repo: Path, output: Path) -> int:
         committed = sorted(first_commit, key=lambda s: (first_commit[s], made_by_merging(s)))
         tree = []
         for path in sorted((repo / RESULTS).rglob("*.db")):
-            if path.resolve() == output:
+            if path.resolve() == output or path.name == ARCHIVE.name:
                 continue
             copy = tmp / source_name(path.relative_to(repo).as_posix(), "worktree")
             try:

@@ -4,7 +4,8 @@ lengths, each read three ways: the counter aligned on its updates (how floorline
 the counter read naively at the window's edges (how floorline read it before), and the power
 readings taken inside the window. Prints a table and writes it as JSON.
 
-    PYTHONPATH=src python bench/energy_check.py --json bench/results/h200_energy_check.json
+    PYTHONPATH=src python bench/energy_check.py \
+        --json bench/results/h200-energy-check/h200_energy_check.json
 """
 
 import argparse

@@ -3,7 +3,7 @@ in a fresh process, wall clock and CPU time (the median of --runs), refusals and
 included. CPU time is the steadier figure on a shared host. The processes inherit the
 environment: with PYTHONDONTWRITEBYTECODE set, every run compiles floorline's modules again.
 
-    python bench/first_minutes.py > bench/results/first_minutes.txt
+    python bench/first_minutes.py > bench/results/first-minutes/first_minutes_after.txt
 """
 
 import argparse

@@ -2,9 +2,9 @@
 database alone, given its path), per kind of path, and the study's published cells beside
 their forecasts.
 
-    PYTHONPATH=src python bench/forecast_accuracy.py > bench/results/forecast_accuracy.txt
-    PYTHONPATH=src python bench/forecast_accuracy.py bench/results/h200_all.db \
-        > bench/results/forecast_accuracy_h200_all.txt
+    PYTHONPATH=src python bench/forecast_accuracy.py > bench/results/forecast/forecast_accuracy.txt
+    PYTHONPATH=src python bench/forecast_accuracy.py bench/results/merged/h200_all.db \
+        > bench/results/forecast/forecast_accuracy_h200_all.txt
 """
 
 import sys

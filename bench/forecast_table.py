@@ -2,7 +2,7 @@
 its int4 and the best stock path (the fastest forecast of the paths measured outside the engine)
 for Qwen2.5-7B and Llama-3.1-8B at ctx 2048 and 16384, the study's published cells beside them.
 
-    PYTHONPATH=src python bench/forecast_table.py > bench/results/forecast_table.md
+    PYTHONPATH=src python bench/forecast_table.py > bench/results/forecast/forecast_table.md
 """
 
 from floorline.errors import FloorlineError

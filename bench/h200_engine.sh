@@ -50,11 +50,23 @@
 #                                       $CTX on both models, its own database; then speculation on
 #                                       the trained model (bench/speculation.py: acceptance and ms/token
 #                                       per workload, bf16, on the GPU)
-# Files for the results folder go to $OUT (the device tool's) or bench/results/.
+# Each stage writes into its own folder under bench/results/ (h200-engine/, h200-engine-quant/, ...:
+# their README.md says which stage made what). DB=path/x.db puts the databases beside it instead
+# (x.db, x_quant.db, x_kvfp8.db, ...); files go to $OUT (the device tool's) where it is set, or to
+# $DEST where a stage that runs another sets it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DB=${DB:-bench/results/h200_engine.db}
-DEST=${OUT:-bench/results}
+R=bench/results
+DB_GIVEN=${DB:+yes}
+DB=${DB:-$R/h200-engine/h200_engine.db}
+mkdir -p "$(dirname "$DB")"
+# stage_db FOLDER SUFFIX: a stage's own database, h200_engine_SUFFIX.db in FOLDER under
+# bench/results/, or beside $DB where DB was given
+stage_db() {
+  if [[ $DB_GIVEN ]]; then echo "${DB%.db}_$2.db"; else mkdir -p "$R/$1"; echo "$R/$1/h200_engine_$2.db"; fi
+}
+# dest FOLDER: where a stage's files go
+dest() { local d=${DEST:-${OUT:-$R/$1}}; mkdir -p "$d"; echo "$d"; }
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export FLOORLINE_RUN_LABEL="$(basename "$0") ${1:-}"  # names the runs it makes
 export FLOORLINE_CACHE=${FLOORLINE_CACHE:-/tmp/floorline-cache}
@@ -67,10 +79,11 @@ fl() { python3 -m floorline "$@"; }
 MODELS=${MODELS:-qwen2.5-7b,llama-3.1-8b} CTX=${CTX:-2048,16384}
 
 case ${1:?stage} in
-  check) python3 bench/engine_check.py --json "$DEST/h200_engine_check.json" ${2:+--models $2} ;;
+  check) python3 bench/engine_check.py --json "$(dest h200-engine)/h200_engine_check.json" ${2:+--models $2} ;;
   kernels)
     W=${WEIGHTS:-bf16} H=${HEAD:-bf16}
     SUFFIX=$([[ $W$H == bf16bf16 ]] || echo "_$W-head$H")
+    DEST=$(dest "$([[ $W == bf16 ]] && echo h200-engine || echo h200-engine-quant)")
     for m in ${MODELS//,/ }; do
       python3 bench/engine_kernels.py --model "$m" --ctx "$CTX" --weights "$W" --head "$H" \
         ${RETUNE:+--retune} --json "$DEST/h200_engine_kernels_$m$SUFFIX.json"
@@ -78,12 +91,12 @@ case ${1:?stage} in
     # shapes tuned by this run (none where the shipped table had them all)
     if [[ -f $FLOORLINE_CACHE/engine-gemv.json ]]; then cp "$FLOORLINE_CACHE/engine-gemv.json" "$DEST/"; fi ;;
   sweep) fl sweep --db "$DB" --models "$MODELS" --ctx "$CTX" --paths "${PATHS:-engine,hf-static+graphs,hf-static+compile+graphs}" ;;
-  nopdl) FLOORLINE_PDL=0 fl sweep --db "${DB%.db}_nopdl.db" --models "$MODELS" --ctx "$CTX" --paths engine ;;
+  nopdl) FLOORLINE_PDL=0 fl sweep --db "$(stage_db h200-engine nopdl)" --models "$MODELS" --ctx "$CTX" --paths engine ;;
   probe) fl probe --db "$DB" ;;
   quant)
     # llama.cpp Q4_0 joins the run where it is built (`bash bench/h200_quantised.sh setup
     # build-llamacpp` first); RETUNE=1 tunes the int4 shapes again (after a change to the kernel)
-    QDB=${DB%.db}_quant.db
+    QDB=$(stage_db h200-engine-quant quant)
     WEIGHTS=int4 HEAD=fp8 bash "$0" kernels || echo "stage failed"
     BUILT=$(python3 -c "import llama_cpp" 2>/dev/null && echo yes || true)
     fl sweep --db "$QDB" --models "$MODELS" --ctx "$CTX" \
@@ -94,6 +107,7 @@ case ${1:?stage} in
       || echo "stage failed"
     DB=$QDB ;;
   prefill)
+    DEST=$(dest h200-engine-prefill)
     python3 bench/engine_prefill.py --model qwen2.5-7b --ctx 2048,16384,32000 --chunk 2048 8192 \
       --json "$DEST/h200_engine_prefill_qwen2.5-7b.json"
     python3 bench/engine_prefill.py --model qwen2.5-7b --ctx 32000 --chunk 2048 --weights int4 \
@@ -101,23 +115,27 @@ case ${1:?stage} in
     python3 bench/engine_prefill.py --model llama-3.1-8b --ctx 32000,131000 --chunk 8192 \
       --json "$DEST/h200_engine_prefill_llama-3.1-8b.json" ;;
   longctx)
-    fl sweep --db "${DB%.db}_longctx.db" --models qwen2.5-7b --ctx 32000 --paths engine,engine-int4
-    fl sweep --db "${DB%.db}_longctx.db" --models llama-3.1-8b --ctx 65536,131000 --paths engine ;;
+    LDB=$(stage_db h200-engine-longctx longctx)
+    fl sweep --db "$LDB" --models qwen2.5-7b --ctx 32000 --paths engine,engine-int4
+    fl sweep --db "$LDB" --models llama-3.1-8b --ctx 65536,131000 --paths engine
+    DB=$LDB ;;
   kvfp8)
-    KVDB=${DB%.db}_kvfp8.db KVPATHS=${PATHS:-engine,engine-kvfp8}
+    KVDB=$(stage_db h200-engine-kvfp8 kvfp8) KVPATHS=${PATHS:-engine,engine-kvfp8}
     fl sweep --db "$KVDB" --models llama-3.1-8b --ctx 32768,65536,131072 --paths "$KVPATHS" || echo "stage failed"
     fl sweep --db "$KVDB" --models qwen2.5-7b --ctx 32768 --paths "$KVPATHS" || echo "stage failed"
     python3 bench/engine_kv_error.py --model llama-3.1-8b --ctx 2048,32768,131072 \
-      --json "$DEST/h200_engine_kv_error.json" || echo "stage failed"
+      --json "$(dest h200-engine-kvfp8)/h200_engine_kv_error.json" || echo "stage failed"
     DB=$KVDB ;;
   step-tune)
+    DEST=$(dest h200-engine-step-tune)
     for m in ${MODELS//,/ }; do
       python3 bench/engine_step_tune.py --model "$m" --ctx 2048 --weights "${WEIGHTS:-int4}" \
         ${SAVE:+--save} --json "$DEST/h200_engine_step_tune_${m}_${WEIGHTS:-int4}.json"
     done ;;
   step-tune-ab)
     W=${WEIGHTS:-int4} SHIPPED_ONLY=$(mktemp -d) TUNED=$(mktemp -d)
-    FLOORLINE_CACHE=$TUNED SAVE=1 bash "$0" step-tune || echo "stage failed"
+    DEST=$(dest h200-engine-step-tune)
+    FLOORLINE_CACHE=$TUNED SAVE=1 DEST=$DEST bash "$0" step-tune || echo "stage failed"
     for v in base tuned base2; do
       c=$SHIPPED_ONLY; [[ $v == tuned ]] && c=$TUNED
       FLOORLINE_CACHE=$c fl sweep --db "$DEST/steptune_${W}_$v.db" --models "$MODELS" --ctx "$CTX" \
@@ -125,13 +143,15 @@ case ${1:?stage} in
     done
     cp "$TUNED/engine-gemv.json" "$DEST/steptune_${W}_table.json" 2>/dev/null || echo "no change" ;;
   retime)
-    FLOORLINE_CACHE=$(mktemp -d) fl sweep --db "${DB%.db}_quant_retimed.db" --models "$MODELS" \
+    TDB=$(stage_db h200-engine-retimed quant_retimed)
+    FLOORLINE_CACHE=$(mktemp -d) fl sweep --db "$TDB" --models "$MODELS" \
       --ctx "$CTX" --paths engine,engine-int4,engine-int4-fp8head,engine-fp8
-    DB=${DB%.db}_quant_retimed.db ;;
+    DB=$TDB ;;
   check-32k)
     python3 bench/engine_check.py --models llama-3.1-8b --prompt 32704 \
-      --json "$DEST/h200_engine_check_32k.json" ;;
+      --json "$(dest h200-engine-longctx)/h200_engine_check_32k.json" ;;
   kvfp8-kernels)
+    DEST=$(dest h200-engine-kvfp8)
     python3 bench/engine_kernels.py --model llama-3.1-8b --ctx 32768,131072 --kv fp8 \
       --json "$DEST/h200_engine_kernels_llama-3.1-8b_kvfp8.json"
     python3 bench/engine_kernels.py --model qwen2.5-7b --ctx 32768 --kv fp8 \
@@ -141,7 +161,7 @@ case ${1:?stage} in
     # `bash bench/h200_quantised.sh setup build-llamacpp` first; EXTRA_PATHS adds more), each
     # read over at least a second of steps; then the engine's ctx 16384 cells warmed up until
     # steady, with their drift.
-    EDB=${DB%.db}_energy.db
+    EDB=$(stage_db h200-engine-energy energy) DEST=$(dest h200-engine-energy)
     LLAMA=$(python3 -c "import llama_cpp" 2>/dev/null && echo ",llamacpp-bf16,llamacpp-q4_0" || true)
     fl sweep --db "$EDB" --models qwen2.5-7b --ctx 2048 \
       --paths "hf-eager,hf-static+graphs,hf-static+compile+graphs,engine,engine-fp8,engine-int4,engine-int4-fp8head$LLAMA${EXTRA_PATHS:+,$EXTRA_PATHS}" \
@@ -152,7 +172,7 @@ case ${1:?stage} in
     fl report --db "$EDB" --out "$DEST/h200_energy_report" || echo "stage failed"
     DB=$EDB ;;
   families)
-    FDB=${DB%.db}_families.db
+    FDB=$(stage_db h200-engine-families families) DEST=$(dest h200-engine-families)
     fl sweep --db "$FDB" --models qwen3-8b,gemma-3-12b --ctx 2048,16384 \
       --paths "${PATHS:-engine,hf-static+graphs}" || echo "stage failed"
     fl sweep --db "$FDB" --models qwen2.5-7b --ctx 2048 --paths engine || echo "stage failed"
@@ -162,17 +182,19 @@ case ${1:?stage} in
       cp "$FLOORLINE_CACHE/engine-gemv.json" "$DEST/h200_families_engine-gemv.json"; fi
     DB=$FDB ;;
   families-check)
-    python3 bench/engine_check.py --families --json "$DEST/h200_engine_families_check.json" \
-      ${2:+--models $2} || echo "stage failed"
-    python3 bench/engine_families_sass.py --json "$DEST/h200_engine_families_sass.json" ;;
-  quant-check) python3 bench/engine_check.py --quantised --json "$DEST/h200_engine_quant_check.json" ;;
+    python3 bench/engine_check.py --families \
+      --json "$(dest h200-engine-families)/h200_engine_families_check.json" ${2:+--models $2} \
+      || echo "stage failed"
+    python3 bench/engine_families_sass.py --json "$(dest sm90-sass)/h200_engine_families_sass.json" ;;
+  quant-check)
+    python3 bench/engine_check.py --quantised --json "$(dest h200-engine-quant)/h200_engine_quant_check.json" ;;
   awq-marlin-check)  # FLOORLINE_MARLIN_LIB from `bash third_party/marlin/build.sh <its sdist>`
-    python3 bench/awq_marlin_check.py --json "$DEST/h200_awq_marlin_check.json" ;;
+    python3 bench/awq_marlin_check.py --json "$(dest h200-engine-quant)/h200_awq_marlin_check.json" ;;
   runs)
     # The headline's cells (Qwen2.5-7B, ctx 2048) measured RUNS times (default 5), each time in
     # a fresh sweep with --force, labelled headline-N: the README quotes each figure as the
     # median over these runs with its range. The first run also takes SLOW_PATHS once.
-    RDB=${DB%.db}_runs.db
+    RDB=$(stage_db h200-engine-runs runs)
     for i in $(seq 1 "${RUNS:-5}"); do
       paths=engine,engine-fp8,engine-int4,engine-int4-fp8head,hf-static+graphs
       if [[ $i == 1 ]]; then paths="$paths,${SLOW_PATHS:-hf-eager,hf-static+compile+graphs}"; fi
@@ -181,7 +203,7 @@ case ${1:?stage} in
     done
     DB=$RDB ;;
   verify)
-    VDB=${DB%.db}_verify.db
+    VDB=$(stage_db h200-engine-verify verify) DEST=$(dest h200-engine-verify)
     for w in engine engine-int4; do
       fl sweep --db "$VDB" --models "$MODELS" --ctx "$CTX" \
         --paths "$w,$w+verify2,$w+verify4,$w+verify8,$w+verify16" || echo "stage failed"
@@ -191,14 +213,14 @@ case ${1:?stage} in
       --out "$DEST/h200_speculation.json" || echo "stage failed"
     DB=$VDB ;;
   energy-check)  # the energy counter's update period and a cross-check of its readings
-    python3 bench/energy_check.py --json "$DEST/h200_energy_check.json" ;;
+    python3 bench/energy_check.py --json "$(dest h200-energy-check)/h200_energy_check.json" ;;
   explain)
+    DEST=$(dest h200-engine)
     for p in ${EXPLAIN_PATHS:-engine}; do for m in ${MODELS//,/ }; do for c in ${CTX//,/ }; do
       fl explain --db "$DB" --model "$m" --ctx "$c" --path "$p" --json > "$DEST/h200_explain_${p}_${m}_$c.json"
     done; done; done ;;
   all)  # the whole bench in one run, most important first (where a session on the GPU machine
         # is time-limited, start it with setsid and collect it with `snapshot` later)
-    export DEST
     MODELS=qwen2.5-7b PATHS=engine,hf-static+graphs,hf-static+compile+graphs bash "$0" sweep || echo "stage failed"
     MODELS=llama-3.1-8b PATHS=engine,hf-static+graphs bash "$0" sweep || echo "stage failed"
     bash "$0" check llama-3.2-1b,qwen2.5-7b,llama-3.1-8b || echo "stage failed"
@@ -212,8 +234,12 @@ case ${1:?stage} in
     echo "bench done" ;;
   snapshot)  # the databases with their write-ahead logs (a reader recovers them), and what the
              # stages wrote, into $2, while the run may still be writing
-    for f in bench/results/h200_engine*.db; do cp "$f" "$f"-wal "$2"/ 2>/dev/null || true; done
-    cp "$DEST"/*.json "$2"/ 2>/dev/null || true; exit ;;
+    for f in "$R"/h200-engine*/*.db ${DB_GIVEN:+"${DB%.db}"*.db}; do
+      cp "$f" "$f"-wal "$2"/ 2>/dev/null || true
+    done
+    cp "${DEST:-${OUT:-$R}}"/*.json "$R"/h200-engine*/*.json "$2"/ 2>/dev/null || true; exit ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;
 esac
-python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" "$DB" 2>/dev/null || true
+# one self-contained file to commit: the write-ahead log folded in and removed (unless another
+# process has the database open)
+python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA journal_mode=DELETE')" "$DB" 2>/dev/null || true

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Why a fast GPU's step misses the floor, measured on this GPU into the study's results database: the card's probe, where
-# each millisecond goes for hf-eager and hf-static+graphs at ctx 2048, and the CUDA Graphs A/B
-# (hf-static vs hf-static+graphs, N=10 fresh sessions) at ctx 2048 and 16384.
+# Why a fast GPU's step misses the floor, measured on this GPU into the study's results database
+# (bench/results/h200-study/h200.db; the JSON files into bench/results/h200-explain/): the card's
+# probe, where each millisecond goes for hf-eager and hf-static+graphs at ctx 2048, and the CUDA
+# Graphs A/B (hf-static vs hf-static+graphs, N=10 fresh sessions) at ctx 2048 and 16384.
 #   bash bench/h200_explain.sh [explain|ab2048|ab16384|all]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DB=${DB:-bench/results/h200.db}
-R=bench/results
+DB=${DB:-bench/results/h200-study/h200.db}  # the study's database
+R=bench/results/h200-explain  # the JSON files
 mkdir -p "$R"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export FLOORLINE_RUN_LABEL="$(basename "$0") ${1:-}"  # names the runs it makes
@@ -25,5 +26,7 @@ for ctx in 2048 16384; do
     python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['sentence'])" "$R/h200_ab_$ctx.json"
   fi
 done
-python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" "$DB"
+# one self-contained file to commit: the write-ahead log folded in and removed (unless another
+# process has the database open)
+python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA journal_mode=DELETE')" "$DB" 2>/dev/null || true
 fl show --db "$DB"

@@ -14,12 +14,13 @@
 # Wheels carried to the GPU machine (dask[distributed] 2026.8.0 and what it needs, about 5.3 MB):
 #   dask distributed cloudpickle click fsspec importlib_metadata jinja2 lazy_importer locket
 #   markupsafe msgpack packaging partd psutil pyyaml sortedcontainers tblib toolz tornado zict zipp
-# Files for the results folder go to $OUT (the device tool's) or bench/results/.
+# Files for the results folder go to $OUT (the device tool's) or bench/results/h200-fleet/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DEST=${OUT:-bench/results}
-LOCAL_DB=${LOCAL_DB:-bench/results/h200_fleet_inprocess.db}
-FLEET_DB=${FLEET_DB:-bench/results/h200_fleet.db}
+DEST=${OUT:-bench/results/h200-fleet}
+LOCAL_DB=${LOCAL_DB:-bench/results/h200-fleet/h200_fleet_inprocess.db}
+FLEET_DB=${FLEET_DB:-bench/results/h200-fleet/h200_fleet.db}
+mkdir -p "$DEST" "$(dirname "$LOCAL_DB")" "$(dirname "$FLEET_DB")"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export FLOORLINE_RUN_LABEL="$(basename "$0") ${1:-}"  # names the runs it makes
 export FLOORLINE_CACHE=${FLOORLINE_CACHE:-/tmp/floorline-cache}
@@ -38,8 +39,10 @@ case ${1:?stage} in
     # shellcheck disable=SC2086
     python3 -m pip install --no-index --find-links .whl/fleet ${PIP_ARGS:-} "$DASK"
     python3 -c "import distributed; print('distributed', distributed.__version__)" ;;
-  inprocess) fl sweep --db "$LOCAL_DB" --models "$MODELS" --ctx "$CTX" --paths "$PATHS" ;;
-  fleet) fl sweep --cluster local-cuda --db "$FLEET_DB" --models "$MODELS" --ctx "$CTX" --paths "$PATHS" ;;
+  inprocess) fl sweep --db "$LOCAL_DB" --models "$MODELS" --ctx "$CTX" --paths "$PATHS"
+    python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA journal_mode=DELETE')" "$LOCAL_DB" 2>/dev/null || true ;;  # no -wal file to commit
+  fleet) fl sweep --cluster local-cuda --db "$FLEET_DB" --models "$MODELS" --ctx "$CTX" --paths "$PATHS"
+    python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA journal_mode=DELETE')" "$FLEET_DB" 2>/dev/null || true ;;
   compare) python3 bench/fleet_compare.py "$LOCAL_DB" "$FLEET_DB" --json "$DEST/h200_fleet_compare.json" ;;
   *) echo "unknown stage $1" >&2; exit 2 ;;
 esac

@@ -17,7 +17,8 @@
 # a run DB=/tmp/... and copy that back (sqlite3's backup folds in the WAL).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DB=${DB:-bench/results/h200_quantised.db}
+DB=${DB:-bench/results/h200-quantised/h200_quantised.db}
+mkdir -p "$(dirname "$DB")"
 SITE=/tmp/site
 export PYTHONPATH=src:$SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export FLOORLINE_RUN_LABEL="$(basename "$0") ${1:-}"  # names the runs it makes
@@ -33,7 +34,7 @@ MODEL=qwen2.5-7b CTX=2048,16384
 # --exclude-libs: with the device's CUDA 13 toolkit, libggml-cuda.so exported a copy of
 # libstdc++'s stream code from a static archive linked into it, libllama's std::ostream calls bound to
 # that copy, whose locale was never set up, and model loading segfaulted in print_info
-# (bench/results/h200_llamacpp_segfault.log); hiding the archives' symbols fixes it.
+# (bench/results/h200-quantised/h200_llamacpp_segfault.log); hiding the archives' symbols fixes it.
 LLAMA_SRC=/tmp/llama-src LLAMA_BUILD=/tmp/llama-build
 build_llamacpp() {
   [[ -e $SITE/llama_cpp/lib/libllama.so ]] && return
@@ -88,7 +89,8 @@ print(gguf_file(resolve_model(sys.argv[1]), sys.argv[2], 0))" $MODEL "${2:?bf16 
   *) echo "unknown stage $1" >&2; exit 2 ;;
 esac
 if [[ $1 != setup && $1 != build-llamacpp && $1 != smoke ]]; then
-  python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" "$DB"
+  # one self-contained file to commit: the write-ahead log folded in and removed
+  python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA journal_mode=DELETE')" "$DB" 2>/dev/null || true
   fl show --db "$DB" --json > "${DB%.db}_cells.json"
   fl show --db "$DB" --csv > "${DB%.db}_cells.csv"
   fl show --db "$DB"

@@ -5,7 +5,7 @@
 #   bash bench/h200_study.sh [static|eager|compile|all]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DB=${DB:-bench/results/h200.db}
+DB=${DB:-bench/results/h200-study/h200.db}
 mkdir -p "$(dirname "$DB")"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export FLOORLINE_RUN_LABEL="$(basename "$0") ${1:-}"  # names the runs it makes
@@ -20,7 +20,9 @@ fi
 if [[ $stage == compile || $stage == all ]]; then
   fl sweep --db "$DB" --models qwen2.5-7b --ctx 2048,16384 --paths hf-static+compile+graphs
 fi
-python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" "$DB"
+# one self-contained file to commit: the write-ahead log folded in and removed (unless another
+# process has the database open)
+python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA journal_mode=DELETE')" "$DB" 2>/dev/null || true
 fl show --db "$DB" --json > "${DB%.db}_cells.json"
 fl show --db "$DB" --csv > "${DB%.db}_cells.csv"
 fl show --db "$DB"

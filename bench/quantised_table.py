@@ -1,5 +1,6 @@
 """The table of the quantised paths on the H200 in docs/results-h200.md, printed from the
-committed results (bench/results/h200_quantised_cells.json, written by `floorline show --json`).
+committed results (bench/results/h200-quantised/h200_quantised_cells.json, written by
+`floorline show --json`).
 
     python3 bench/quantised_table.py
 """
@@ -7,7 +8,7 @@ committed results (bench/results/h200_quantised_cells.json, written by `floorlin
 import json
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results" / "h200_quantised_cells.json"
+RESULTS = Path(__file__).parent / "results" / "h200-quantised" / "h200_quantised_cells.json"
 
 
 def main() -> None:

@@ -20,12 +20,14 @@ ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "bench" / "results"
 DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "results-h200.md")
 # The headline: Qwen2.5-7B at ctx 2048 on the H200, every path in one table. Each path is
-# quoted from the first database that holds a valid run of it.
+# quoted from the first database that holds a valid run of it (paths under bench/results/).
 HEADLINE = ("qwen2.5-7b", 2048)
 HEADLINE_PATHS = ("hf-eager", "hf-static+graphs", "hf-static+compile+graphs", "llamacpp-bf16",
                   "engine", "engine-fp8", "engine-int4", "engine-int4-fp8head", "llamacpp-q4_0")
-HEADLINE_SOURCES = ("h200_engine_runs.db", "h200_engine_quant.db", "h200_engine_energy.db",
-                    "h200.db")
+HEADLINE_SOURCES = ("h200-engine-runs/h200_engine_runs.db",
+                    "h200-engine-quant/h200_engine_quant.db",
+                    "h200-engine-energy/h200_engine_energy.db",
+                    "h200-study/h200.db")
 
 
 def rows_of(name: str, results: Path):
@@ -79,7 +81,7 @@ def headline(results: Path = RESULTS) -> str:
 def energy_check(results: Path = RESULTS) -> str:
     """The energy counter's cross-check (bench/energy_check.py): per window length, J/token
     read on the counter's updates against the power readings and the naive edges."""
-    d = json.loads((results / "h200_energy_check.json").read_text())
+    d = json.loads((results / "h200-energy-check" / "h200_energy_check.json").read_text())
     lines = [f"The counter of the {d['gpu']} updated every {d['busy']['update_period_ms']:.0f} ms "
              f"under decode and {d['idle']['update_period_ms']:.0f} ms idle ({d['model']}, ctx "
              f"{d['ctx']}, the engine's step {d['step_ms']:.2f} ms; one run, each length three "

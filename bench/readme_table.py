@@ -6,7 +6,7 @@
 import json
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "h200-study"
 
 
 def load(name: str) -> dict:

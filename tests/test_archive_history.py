@@ -62,3 +62,22 @@ def test_the_archive_holds_every_committed_version_with_its_file_and_commit(tmp_
 
     archive_history.main(repo, out)  # a re-run holds the same rows
     assert len(Store(out, read_only=True).rows(latest=False)) == 2
+
+
+def test_the_archive_at_an_earlier_path_is_never_a_source(tmp_path, capsys):
+    """The archive was kept at bench/results/h200_archive.db before it moved: a version of it at
+    any path is not merged into the new one."""
+    repo = tmp_path / "repo"
+    (repo / "bench" / "results" / "old").mkdir(parents=True)
+    git(repo, "init", "-q")
+    commit_database(repo, 8)
+    earlier = Store(repo / "bench" / "results" / "old" / "h200_archive.db")
+    earlier.add(cell(32), {"torch": "x"}, "env-a")
+    earlier.close()
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "an archive at its earlier path")
+
+    out = repo / "bench" / "results" / "merged" / "h200_archive.db"
+    out.parent.mkdir()
+    assert load_script().main(repo, out) == 0
+    assert sorted(r.ctx for r in Store(out, read_only=True).rows(latest=False)) == [8]

@@ -122,7 +122,8 @@ def test_merge_keeps_runs_and_gives_older_rows_one_of_their_own(tmp_path):
 
 def test_a_database_from_before_runs_gains_the_column_when_written(tmp_path):
     db = tmp_path / "old.db"
-    shutil.copy(Path(__file__).parents[1] / "bench" / "results" / "h200_fleet.db", db)
+    results = Path(__file__).parents[1] / "bench" / "results"
+    shutil.copy(results / "h200-fleet" / "h200_fleet.db", db)
     raw = sqlite3.connect(db)
     assert raw.execute("PRAGMA user_version").fetchone()[0] < 4  # from before runs
     raw.close()

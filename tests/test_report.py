@@ -177,7 +177,7 @@ def test_the_headline_of_the_h200_data_fits_a_readme():
     from floorline.report.figures import png
     from floorline.report.headline import headline
 
-    rows = Store(RESULTS / "h200_all.db", read_only=True).rows(latest=False)
+    rows = Store(RESULTS / "merged" / "h200_all.db", read_only=True).rows(latest=False)
     fig, _, _ = headline(rows)
     assert fig.get_suptitle().startswith("qwen2.5-7b on h200, ctx 2048")
     paths = [t.get_text() for t in fig.axes[0].get_yticklabels()]

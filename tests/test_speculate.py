@@ -157,7 +157,7 @@ def test_a_workload_measures_acceptance_and_checks_every_reply(smollm2):
     assert r.prompts == 4 and r.identical == 4 and s.drafter == "lookup"
     # a step gives its kept drafts and its own token, less any past the reply's end
     assert 0 < s.tokens <= s.accepted + s.verify_steps + s.plain_steps
-    committed = json.loads((Path(__file__).parents[1] / "bench" / "results" /
+    committed = json.loads((Path(__file__).parents[1] / "bench" / "results" / "cpu-smollm2" /
                             "cpu_speculation.json").read_text())["results"][0]
     assert set(r.as_dict()) == set(committed)  # the bench's file keeps its fields
     with pytest.raises(FloorlineError, match="unknown workload 'poems'"):

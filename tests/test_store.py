@@ -149,7 +149,7 @@ def test_a_database_from_before_schema_2_is_shown_and_merged_without_being_writt
     assert old.read_bytes() == before
 
 
-COMMITTED = Path(__file__).parents[1] / "bench" / "results" / "h200_fleet.db"
+COMMITTED = Path(__file__).parents[1] / "bench" / "results" / "h200-fleet" / "h200_fleet.db"
 
 
 def test_a_committed_database_reads_as_its_raw_rows_and_new_ones_extend_its_tables(tmp_path):
