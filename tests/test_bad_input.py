@@ -14,6 +14,7 @@ import torch
 
 from conftest import shipped_config
 from floorline import cli
+from floorline.cli import render
 from floorline.errors import FloorlineError
 from floorline.records import INVALID, VALID, CellKey, CellResult
 from floorline.store import Store
@@ -87,10 +88,10 @@ def test_show_prints_markup_from_the_database_as_text(tmp_path):
 
 
 def test_long_local_model_paths_stay_readable(tmp_path):
-    assert cli.model_label("qwen2.5-7b") == "qwen2.5-7b"
+    assert render.model_label("qwen2.5-7b") == "qwen2.5-7b"
     long = "/data/" + "a-rather-long-folder-name/" * 3 + "my-model"
-    assert cli.model_label(long) == "…/a-rather-long-folder-name/my-model"
-    assert cli.model_label("/data/m") == "/data/m"
+    assert render.model_label(long) == "…/a-rather-long-folder-name/my-model"
+    assert render.model_label("/data/m") == "/data/m"
 
 
 # --- impossible numbers ------------------------------------------------------------------------

@@ -254,7 +254,7 @@ def test_readings_a_gpu_does_not_report_are_left_out(short_windows):
     e = windows(nvml)
     assert e["valid"] and e["power_limit_w"] is None
     assert e["at_start"] == {"sm_clock_mhz": 1980, "temperature_c": None}
-    from floorline.cli import energy_columns
+    from floorline.cli.render import energy_columns
 
     assert energy_columns(e)[1].endswith("(-)") and energy_columns(e)[3] == "-"
 

@@ -12,6 +12,9 @@ LAYERS = ["__init__", "errors", "stats", "localcache", "hardware", "timing", "gr
           "study",
           "models", "traffic", "layouts", "engine", "paths", "store", "forecast", "measure",
           "report", "serve", "cli", "__main__"]
+# Within the command line (the package cli/) the same: what prints and what parses, then the
+# apps and how a command ends, then the commands; last the package itself, which registers them.
+CLI_LAYERS = ["render", "options", "app", "commands", "__init__"]
 
 
 def module_name(path: Path) -> str:
@@ -53,6 +56,22 @@ def test_imports_run_downward():
     upward = [f"{m}:{line} imports {target}" for m, targets in graph().items()
               for target, line in targets
               if unit(target) != unit(m) and LAYERS.index(unit(target)) > LAYERS.index(unit(m))]
+    assert upward == []
+
+
+def cli_unit(module: str) -> str:
+    """The place in CLI_LAYERS of a module of the command line."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 else "__init__"
+
+
+def test_the_command_line_imports_downward():
+    cli = {m: targets for m, targets in graph().items() if unit(m) == "cli"}
+    assert {cli_unit(m) for m in cli} <= set(CLI_LAYERS)
+    upward = [f"{m}:{line} imports {target}" for m, targets in cli.items()
+              for target, line in targets
+              if unit(target) == "cli" and cli_unit(target) != cli_unit(m)
+              and CLI_LAYERS.index(cli_unit(target)) > CLI_LAYERS.index(cli_unit(m))]
     assert upward == []
 
 

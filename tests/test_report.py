@@ -74,13 +74,13 @@ def test_report_from_an_empty_database(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.startswith("missing: ")]
     assert lines[0] == ("missing: figure 1: There are no valid cells yet: `floorline sweep` "
                         "measures them.")
-    assert len(lines) == 10  # every figure says what fills it
+    assert len(lines) == 11  # every figure says what fills it
     for line in lines:  # a whole sentence naming the command that fills it
         assert line.endswith(".") and "`floorline " in line, line
     page = (tmp_path / "out" / "index.html").read_text()
     assert "`" not in page and page.count("<code>floorline ") >= 6
     # Each empty table says why it is empty and which command fills it.
-    assert page.count("class='missing'") == 10 + 6
+    assert page.count("class='missing'") == 11 + 7
     md = (tmp_path / "out" / "report.md").read_text()
     assert "*This table is empty: each valid cell on a GPU of the catalogue" in md
     assert "*This database holds no A/B experiment: `floorline ab --a " in md

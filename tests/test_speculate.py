@@ -145,25 +145,6 @@ def test_the_server_model_speculates_with_the_same_reply(smollm2):
     assert again.report.reused_tokens > 0
 
 
-def test_a_workload_measures_acceptance_and_checks_every_reply(smollm2):
-    import json
-    from pathlib import Path
-
-    from floorline.measure.speculation import measure_workload
-
-    r = measure_workload(str(smollm2.weights_dir), "edit", "lookup", max_new_tokens=8,
-                         dtype="float32")
-    s = r.speculation
-    assert r.prompts == 4 and r.identical == 4 and s.drafter == "lookup"
-    # a step gives its kept drafts and its own token, less any past the reply's end
-    assert 0 < s.tokens <= s.accepted + s.verify_steps + s.plain_steps
-    committed = json.loads((Path(__file__).parents[1] / "bench" / "results" / "cpu-smollm2" /
-                            "cpu_speculation.json").read_text())["results"][0]
-    assert set(r.as_dict()) == set(committed)  # the bench's file keeps its fields
-    with pytest.raises(FloorlineError, match="unknown workload 'poems'"):
-        measure_workload(str(smollm2.weights_dir), "poems", "lookup")
-
-
 def test_a_bad_draft_length_is_refused_before_the_model_loads(tmp_path, cli):
     # a directory with no checkpoint at all: the option is refused before it is looked at
     proc = cli("generate", "--model", tmp_path, "--prompt", "hi", "--draft", "lookup",

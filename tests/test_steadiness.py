@@ -10,6 +10,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from floorline import cli
+from floorline.cli import render
 from floorline.forecast.calibration import from_rows
 from floorline.hardware import lookup
 from floorline.measure import cell as cell_module
@@ -158,8 +159,9 @@ def test_show_prints_an_unsteady_row_with_its_figures(mixed_db):
     assert result.exit_code == 0, result.output
     row = next(line for line in result.output.splitlines() if "hf-eager" in line)
     assert "unsteady" in row and "60.00" in row and "60.00-95.00" in row
-    assert cli.status_label(UNSTEADY) == "[yellow]unsteady[/]"
-    assert cli.status_label("invalid") == "[red]invalid[/]" and cli.status_label(VALID) == VALID
+    assert render.status_label(UNSTEADY) == "[yellow]unsteady[/]"
+    assert render.status_label("invalid") == "[red]invalid[/]"
+    assert render.status_label(VALID) == VALID
 
 
 # --- the host's load --------------------------------------------------------------------------
@@ -228,12 +230,12 @@ def test_sweep_prints_the_warning_in_yellow():
     console = Console(file=buffer, force_terminal=True, color_system="standard", width=300)
     cell = CellResult(CellKey("m", 16, "hf-eager", 8, 2), "l4", VALID,
                       details={"host_warning": "the host was busy during this cell: [x]"})
-    cli.print_cell_notes(console, cell, "m ctx=16 hf-eager")
+    render.print_cell_notes(console, cell, "m ctx=16 hf-eager")
     text = buffer.getvalue()
     assert "\x1b[33m" in text and "busy host: m ctx=16 hf-eager: the host was busy" in text
     assert "[x]" in text  # a warning's text is not read as markup
     buffer.seek(0), buffer.truncate()
-    cli.print_cell_notes(console, CellResult(cell.key, "l4", UNSTEADY, "drift 3.000"), "m")
+    render.print_cell_notes(console, CellResult(cell.key, "l4", UNSTEADY, "drift 3.000"), "m")
     assert "\x1b[33munsteady: m: drift 3.000" in buffer.getvalue()
 
 

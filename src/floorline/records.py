@@ -109,3 +109,44 @@ class QualityResult:
     @classmethod
     def from_dict(cls, data: dict) -> QualityResult:
         return cls(**{**data, "key": QualityKey(**data["key"])})
+
+
+@dataclass(frozen=True)
+class SpeculationKey:
+    """What a speculation measurement is of: a model with trained weights on one of the engine's
+    paths (its formats), a drafter ('lookup' or a draft model), a workload (its prompts'
+    SHA-256), the drafts a verify step checks (a count or 'auto'), the reply's length cap and
+    the engine's dtype."""
+    model: str
+    path: str
+    drafter: str
+    workload: str
+    texts: str
+    draft_tokens: int | str
+    max_new_tokens: int
+    dtype: str
+
+
+# The figures of a speculation measurement (SpeculationResult.summary), each a column of its
+# row (store.SpeculationRow).
+SPECULATION_FIGURES = (
+    "prompts", "identical", "verify_steps", "plain_steps", "drafted", "accepted", "tokens",
+    "acceptance", "tokens_per_step", "step_ms", "ms_per_token", "plain_ms_per_token", "speedup",
+    "mean_ctx", "floor_ms", "floor_ms_per_token")
+
+
+@dataclass
+class SpeculationResult:
+    key: SpeculationKey
+    gpu: str
+    status: str
+    reason: str | None = None
+    summary: dict | None = None  # SPECULATION_FIGURES
+    details: dict = field(default_factory=dict)  # per prompt, formats, device
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SpeculationResult:
+        return cls(**{**data, "key": SpeculationKey(**data["key"])})

@@ -1,8 +1,9 @@
-"""The results database: one SQLite row per measured cell, committed as each cell ends, and
-one per quality measurement of a model and path (the quality table). Each invocation that
-measures (sweep, quality, ab, explain, probe) is a run (the runs table: its command line, every
-resolved option, its provenance, when it started and ended) and every row it writes points at
-it (run_id).
+"""The results database: one SQLite row per measured cell, committed as each cell ends; one
+per quality measurement of a model and path (the quality table); one per speculative decoding
+measurement of a model, drafter and workload (the speculation table). Each invocation that
+measures (sweep, quality, speculate, ab, explain, probe) is a run (the runs table: its command
+line, every resolved option, its provenance, when it started and ended) and every row it writes
+points at it (run_id).
 
 WAL journalling and a long busy timeout let several sweeps write one file at once; a cell is
 one INSERT in its own transaction, so a run killed at any point keeps every finished cell.
@@ -15,23 +16,27 @@ import math
 import re
 import sqlite3
 import sys
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, astuple, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 
 from floorline.errors import FloorlineError
 from floorline.records import (
     QUALITY_FIGURES,
+    SPECULATION_FIGURES,
     VALID,
     CellKey,
     CellResult,
     QualityKey,
     QualityResult,
+    SpeculationKey,
+    SpeculationResult,
 )
 
-SCHEMA_VERSION = 4  # 2: A/B experiments, card probes, explanations; 3: quality; 4: runs
+# 2: A/B experiments, card probes, explanations; 3: quality; 4: runs; 5: speculation
+SCHEMA_VERSION = 5
 # The tables whose rows point at the run that wrote them (schema 4 added the column to each).
-RUN_TABLES = ("cells", "quality", "ab_experiments", "explanations", "probes")
+RUN_TABLES = ("cells", "quality", "ab_experiments", "explanations", "probes", "speculation")
 
 
 def column(sql: str, json_kind: type | None = None, **default):
@@ -166,10 +171,66 @@ class QualityRow(StoredRow):
                    finished_at=now())
 
 
+@dataclass(kw_only=True)
+class SpeculationRow(StoredRow):
+    """One row of the speculation table: speculative decoding on a workload of a model with
+    trained weights (measure/speculation.py); an invalid row holds no figures and says why."""
+    id: int | None = column("INTEGER PRIMARY KEY")  # None until stored
+    model: str = column("TEXT NOT NULL")
+    path: str = column("TEXT NOT NULL")  # one of the engine's base paths: its formats
+    drafter: str = column("TEXT NOT NULL")  # "lookup" or the draft model as given
+    workload: str = column("TEXT NOT NULL")
+    texts_sha256: str = column("TEXT NOT NULL")  # the workload's prompts'
+    draft_tokens: int | str = column("INTEGER NOT NULL")  # drafts a verify step, or "auto"
+    max_new_tokens: int = column("INTEGER NOT NULL")
+    dtype: str = column("TEXT NOT NULL")
+    gpu: str = column("TEXT NOT NULL")
+    status: str = column("TEXT NOT NULL")
+    reason: str | None = column("TEXT", default=None)
+    prompts: int | None = column("INTEGER", default=None)
+    identical: int | None = column("INTEGER", default=None)  # replies equal to plain decoding's
+    verify_steps: int | None = column("INTEGER", default=None)  # steps with a draft to check
+    plain_steps: int | None = column("INTEGER", default=None)  # steps without one
+    drafted: int | None = column("INTEGER", default=None)
+    accepted: int | None = column("INTEGER", default=None)
+    tokens: int | None = column("INTEGER", default=None)  # the decode's, each prefill's first out
+    acceptance: float | None = column("REAL", default=None)  # accepted / drafted
+    tokens_per_step: float | None = column("REAL", default=None)
+    step_ms: float | None = column("REAL", default=None)  # the speculative decode's ms a step
+    ms_per_token: float | None = column("REAL", default=None)  # ... and a token: effective
+    plain_ms_per_token: float | None = column("REAL", default=None)  # without speculation
+    speedup: float | None = column("REAL", default=None)  # plain_ms_per_token / ms_per_token
+    mean_ctx: float | None = column("REAL", default=None)  # positions the steps read, mean
+    floor_ms: float | None = column("REAL", default=None)  # of one step at mean_ctx
+    floor_ms_per_token: float | None = column("REAL", default=None)  # floor / tokens a step
+    fingerprint_key: str = column("TEXT NOT NULL")
+    fingerprint: dict = column("TEXT NOT NULL", dict, default_factory=dict)
+    # device, formats, per reply: prompt tokens, tokens, steps, identical, both decodes' ms
+    details: dict = column("TEXT NOT NULL", dict, default_factory=dict)
+    finished_at: str = column("TEXT NOT NULL")
+    run_id: int | None = column("INTEGER", default=None)
+
+    @property
+    def key(self) -> SpeculationKey:
+        return SpeculationKey(*(getattr(self, c) for c in SPECULATION_KEY))
+
+    @classmethod
+    def of(cls, result: SpeculationResult, env: dict, env_key: str) -> SpeculationRow:
+        k, s = result.key, result.summary or {}
+        return cls(id=None, model=k.model, path=k.path, drafter=k.drafter, workload=k.workload,
+                   texts_sha256=k.texts, draft_tokens=k.draft_tokens,
+                   max_new_tokens=k.max_new_tokens, dtype=k.dtype, gpu=result.gpu,
+                   status=result.status, reason=result.reason,
+                   **{name: s.get(name) for name in SPECULATION_FIGURES},
+                   fingerprint_key=env_key, fingerprint=env, details=result.details,
+                   finished_at=now())
+
+
 CELL_FIELDS = fields(CellRow)
 COLUMNS = tuple(c.name for c in CELL_FIELDS)
 QUALITY_FIELDS = fields(QualityRow)
 QUALITY_COLUMNS = tuple(c.name for c in QUALITY_FIELDS)
+SPECULATION_FIELDS = fields(SpeculationRow)
 
 
 def numbers(row_fields) -> tuple[str, ...]:
@@ -235,8 +296,8 @@ def create_table(name: str, row_fields) -> str:
             + ",\n".join(f"    {c.name} {c.metadata['sql']}" for c in row_fields) + "\n);")
 
 
-SCHEMA = (create_table("cells", CELL_FIELDS) + "\n" + create_table("quality", QUALITY_FIELDS)
-          + OTHER_TABLES)
+SCHEMA = "\n".join((create_table("cells", CELL_FIELDS), create_table("quality", QUALITY_FIELDS),
+                    create_table("speculation", SPECULATION_FIELDS), OTHER_TABLES))
 
 
 def _is_auto(value) -> bool:
@@ -244,12 +305,12 @@ def _is_auto(value) -> bool:
 
 
 def check_numbers(row: dict, columns, where: str) -> None:
-    """One line naming the row where one of its numeric `columns` holds something else (steps
-    and warmup may hold the automatic rule)."""
+    """One line naming the row where one of its numeric `columns` holds something else (steps,
+    warmup and draft_tokens may hold the automatic rule)."""
     for k in columns:
         value = row.get(k)
         if (value is not None and not isinstance(value, (int, float))
-                and not (k in ("steps", "warmup") and _is_auto(value))):
+                and not (k in ("steps", "warmup", "draft_tokens") and _is_auto(value))):
             raise FloorlineError(f"{where}: {k} is not a number but {value!r} (a damaged row)")
 
 
@@ -381,6 +442,9 @@ class Store:
     def add_quality(self, result: QualityResult, env: dict, env_key: str) -> int:
         return self._insert("quality", QualityRow.of(result, env, env_key).stored())
 
+    def add_speculation(self, result: SpeculationResult, env: dict, env_key: str) -> int:
+        return self._insert("speculation", SpeculationRow.of(result, env, env_key).stored())
+
     def _insert(self, table: str, row: dict) -> int:
         if table in RUN_TABLES and row.get("run_id") is None:
             row = {**row, "run_id": self.run_id}
@@ -465,6 +529,12 @@ class Store:
             "tokens=? AND window=? AND fingerprint_key=? AND status=? LIMIT 1",
             (key.model, key.path, gpu, key.text, key.tokens, key.window, env_key, VALID)))
 
+    def has_valid_speculation(self, key: SpeculationKey, gpu: str, env_key: str) -> bool:
+        return bool(self._read(
+            f"SELECT 1 FROM speculation WHERE {' AND '.join(f'{c}=?' for c in SPECULATION_KEY)} "
+            "AND gpu=? AND fingerprint_key=? AND status=? LIMIT 1",
+            (*astuple(key), gpu, env_key, VALID)))
+
     def cell_count(self) -> int:
         return self._read("SELECT count(*) FROM cells")[0][0]
 
@@ -481,6 +551,14 @@ class Store:
         return self._rows(QualityRow, "quality",
                           "model, path, gpu, text_sha256, tokens, window, fingerprint_key",
                           latest, skip_damaged)
+
+    def speculation_rows(self, latest: bool = True,
+                         skip_damaged: bool = False) -> list[SpeculationRow]:
+        """Every stored speculation measurement, or only the newest of each (key, gpu,
+        environment); damaged rows as rows() treats them."""
+        return self._rows(SpeculationRow, "speculation",
+                          ", ".join((*SPECULATION_KEY, "gpu", "fingerprint_key")), latest,
+                          skip_damaged)
 
     def _rows(self, row_class, table: str, key: str, latest: bool, skip_damaged: bool) -> list:
         row_fields = fields(row_class)
@@ -501,6 +579,11 @@ class Store:
                 continue
             out.append(row_class(**row))
         return out
+
+
+# The speculation table's columns that hold its key: records.SpeculationKey's fields, in order.
+SPECULATION_KEY = ("model", "path", "drafter", "workload", "texts_sha256", "draft_tokens",
+                   "max_new_tokens", "dtype")
 
 
 def table_columns(db: sqlite3.Connection, table: str) -> list[str]:
@@ -534,6 +617,7 @@ IDENTITY = {
     "explanations": ["model", "ctx", "path", "gpu", "fingerprint_key", "results", "finished_at"],
     "probes": ["device", "fingerprint_key", "results", "finished_at"],
     "quality": [c for c in QUALITY_COLUMNS if c not in ("id", "run_id")],
+    "speculation": [c.name for c in SPECULATION_FIELDS if c.name not in ("id", "run_id")],
 }
 
 
@@ -546,6 +630,7 @@ JSON_COLUMNS = {
     "explanations": {"results": dict, "fingerprint": dict},
     "probes": {"results": dict, "fingerprint": dict},
     "quality": json_columns(QUALITY_FIELDS),
+    "speculation": json_columns(SPECULATION_FIELDS),
 }
 NUMBER_COLUMNS = {
     "runs": (),
@@ -554,6 +639,7 @@ NUMBER_COLUMNS = {
     "explanations": ("ctx", "run_id"),
     "probes": ("run_id",),
     "quality": numbers(QUALITY_FIELDS),
+    "speculation": numbers(SPECULATION_FIELDS),
 }
 
 

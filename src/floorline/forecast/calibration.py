@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 
 from floorline.hardware import catalogue_names
 from floorline.records import VALID
-from floorline.store import CellRow, check_cell
+from floorline.store import CellRow, Store, check_cell
 
 SHIPPED = "h200.json"
+DEFAULT_DB = Path("floorline.db")  # read where it exists and no database is named
 
 
 @dataclass
@@ -93,3 +95,15 @@ def combine(base: Calibration, user: Calibration) -> Calibration:
     kept = [c for c in base.cells if (c["model"], c["ctx"], c["path"], c["gpu"]) not in mine]
     return Calibration(kept + user.cells, base.explanations + user.explanations,
                        base.probes + user.probes, user.cpu_paths)
+
+
+def fitted_from(db: Path | None, replace: bool = False) -> Calibration:
+    """What a forecast fits from: the shipped calibration with the records of the results
+    database `db` (or of DEFAULT_DB where it exists) combined into it; with `replace`, the
+    database's records alone."""
+    cal = shipped() if not replace else Calibration()
+    if db is not None or DEFAULT_DB.is_file():
+        store = Store(db or DEFAULT_DB, read_only=True)
+        mine = from_rows(store.rows(), store.explanations(), store.probes(), f"{store.path}")
+        cal = mine if replace else combine(cal, mine)
+    return cal

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from floorline.errors import FloorlineError
+from floorline.hardware import DeviceSpec, detect
 from floorline.measure.energy import energy_problem
-from floorline.measure.fingerprint import fingerprint_key
+from floorline.measure.fingerprint import environment, fingerprint_key
 from floorline.measure.runner import TIMEOUT_S
+from floorline.measure.runs import open_run
 from floorline.measure.session import Job, job_budget, run_fresh, shared_base
 from floorline.models import resolve_model
 from floorline.paths import parse_path, require_available
@@ -232,3 +235,36 @@ def run_recorded(plan: Plan, run: Callable[[Callable[[SessionResult], None]], AB
     summary = run(stored)
     store.finish_ab(experiment, summary.as_dict())
     return summary
+
+
+@dataclass
+class Bench:
+    """Where an A/B's sessions run: its plan (with the GPU they run on), the environment they
+    are stored with, and `run(on_session)`, which runs them and returns the summary."""
+
+    plan: Plan
+    env: dict
+    run: Callable[[Callable[[SessionResult], None]], ABSummary]
+
+
+def here(plan: Plan, gpu: DeviceSpec | None) -> Bench:
+    """An A/B's sessions on this machine: the plan checked before its GPU is detected (a CPU's
+    by measuring), its GPU `gpu` where one is named."""
+    check_plan(plan)
+    plan = replace(plan, gpu=(gpu or detect(plan.device)).name)
+    return Bench(plan, environment(plan.device), lambda on_session: run_ab(plan, on_session))
+
+
+class Recording:
+    """A bench's A/B experiment as a run of the results database `db`, begun when made (its plan
+    and `options` recorded with it); run() runs it (run_recorded) and ends the run."""
+
+    def __init__(self, bench: Bench, db: Path, options: dict, label: str | None):
+        self.bench = bench
+        self.store = open_run(db, "ab", {**bench.plan.__dict__, **options}, bench.env, label)
+
+    def run(self, on_session: Callable[[SessionResult], None] | None = None) -> ABSummary:
+        bench = self.bench
+        summary = run_recorded(bench.plan, bench.run, self.store, bench.env, on_session)
+        self.store.end_run()
+        return summary

@@ -21,11 +21,20 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from floorline.errors import FloorlineError, one_line
 from floorline.hardware import DeviceSpec, detect
-from floorline.measure.ab import ABSummary, Plan, SessionResult, run_session, summarise_sessions
+from floorline.measure import provenance
+from floorline.measure.ab import (
+    ABSummary,
+    Bench,
+    Plan,
+    SessionResult,
+    check_plan,
+    run_session,
+    summarise_sessions,
+)
 from floorline.measure.fingerprint import environment, fingerprint_key
 from floorline.measure.runner import TIMEOUT_S, run_cell_in_child
 from floorline.records import INVALID, CellKey, CellResult
@@ -389,6 +398,13 @@ def lost_cell(key: CellKey, tries: list[str], worker: dict) -> CellResult:
     return cell
 
 
+def driver_environment() -> dict:
+    """What a fleet's run is stored with: this machine's code, flags and host (the driver's);
+    each row's environment is its worker's."""
+    return {"code": provenance.code(), "flags": provenance.flags(), "host": provenance.host(),
+            "workers": "each row's environment is its worker's"}
+
+
 def to_measure(fleet: Fleet, store: Store, keys: list[CellKey], device: str,
                gpu: DeviceSpec | None, force: bool = False) -> tuple[list[CellKey], set[str]]:
     """The cells to measure, and the environments of the fleet's workers: a cell already valid
@@ -486,12 +502,15 @@ def sweep(fleet: Fleet, store: Store, keys: list[CellKey], device: str,
           timeout_s: float = TIMEOUT_S, attempts: int = ATTEMPTS,
           on_start: Callable[[CellKey, Started], None] | None = None,
           on_done: Callable[[CellKey, CellResult, str, str], None] | None = None,
-          task_fn: Callable[[Task], Measured] = run_task) -> None:
+          task_fn: Callable[[Task], Measured] = run_task) -> set[str]:
     """Measures every cell of `keys` on the fleet, committing each as its task ends (a cell
-    lost with its workers, invalid); `on_done(key, cell, worker, env_key)` follows each."""
+    lost with its workers, invalid); `on_done(key, cell, worker, env_key)` follows each. The
+    environments the cells were stored with (their workers')."""
+    env_keys: set[str] = set()
 
     def done(key: CellKey, m: Measured) -> None:
         store.add(m.cell, m.env, m.env_key)
+        env_keys.add(m.env_key)
         if on_done:
             on_done(key, m.cell, m.worker, m.env_key)
 
@@ -502,6 +521,7 @@ def sweep(fleet: Fleet, store: Store, keys: list[CellKey], device: str,
     dispatch(fleet, keys,
              lambda key: (task_fn, Task(key, device, gpu, seed, trust_remote_code, timeout_s)),
              device, gpu, attempts=attempts, on_result=done, on_lost=lost, on_start=on_start)
+    return env_keys
 
 
 def run_session_task(plan: Plan, index: int) -> SessionResult:
@@ -538,6 +558,16 @@ def one_kind(fleet: Fleet, device: str, gpu: DeviceSpec | None) -> dict:
             f"{fleet.address} have {len(kinds)} ({', '.join(sorted(g for g, _ in kinds))}): "
             "give it workers of one kind")
     return next(iter(workers.values()))
+
+
+def ab_bench(fleet: Fleet, plan: Plan, gpu: DeviceSpec | None) -> Bench:
+    """An A/B's sessions on the fleet's workers, which must share one GPU and environment
+    (one_kind): the plan, its GPU theirs, checked on one of them where the paths and the device
+    are the workers'."""
+    worker = one_kind(fleet, plan.device, gpu)
+    plan = replace(plan, gpu=worker["gpu"])
+    check_on_worker(fleet, check_plan, plan)
+    return Bench(plan, worker["env"], lambda on_session: ab(fleet, plan, on_session))
 
 
 def check_on_worker(fleet: Fleet, check: Callable, *args) -> None:

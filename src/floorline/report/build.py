@@ -36,10 +36,13 @@ FIGURES = (
      small_multiples),
     ("verify", "The verify step's cost against the tokens it checks", "cells",
      figures.verify_cost),
+    ("speculation", "Speculative decoding per workload: ms per token against the floor",
+     "speculation", figures.speculation),
 )
 
 SOURCE_NAMES = {"runs": "cells", "cells": "cells", "ab": "A/B experiments",
-                "explanations": "explanations", "quality": "quality measurements"}
+                "explanations": "explanations", "quality": "quality measurements",
+                "speculation": "speculation measurements"}
 
 QUALITY_NOTE = (
     "Each path is judged against transformers' own model of the same checkpoint in float32, on "
@@ -75,6 +78,15 @@ NOTES = {
         "over the median one-token step, on log axes. The dotted diagonal is K one-token steps; "
         "a curve near 1 means drafted tokens cost almost nothing to check, so that speculative "
         "decoding gains nearly every token it keeps."),
+    "speculation": (
+        "One bar per model, path, drafter and workload (a few prompts through the chat template, "
+        "each reply greedy and capped at the same length): the decode's ms per token with "
+        "speculative decoding, against the same replies decoded one token a step (the black "
+        "tick), the floor of one step at the replies' mean context (grey) and that floor over "
+        "the tokens a verify step gave (the diamond): speculation beats the one-step floor "
+        "where its bar ends left of the grey tick. Beside each bar: the share of drafted tokens "
+        "kept, the tokens a step gave, the speedup over the plain decode and how many replies "
+        "were the same token for token (greedy verification keeps them all the same)."),
     "quality": (
         "One panel per model and GPU; one colour per path, at its perplexity increase over "
         "float32 (the bar: its 95% interval over windows), a point per context measured, at its "
@@ -100,6 +112,7 @@ def empty_tables() -> dict[str, str]:
             "This database holds no quality measurement: `floorline quality --models DIR"
             f"{here.paths_option('engine', 'engine-fp8')}` measures one on this machine for a "
             "checkpoint with real weights (random weights have no quality to measure)."),
+        "Speculative decoding": figures.NO_SPECULATION,
         "Environments": ("There are no cells, so no environments: `floorline sweep` records each "
                          "cell's."),
     }
@@ -147,7 +160,8 @@ def read_sources(store: Store) -> dict:
     # The ladders draw every stored row (runs merged from several databases, re-measures); the
     # rest, the newest row of each cell.
     sources = {"runs": store.rows(latest=False), "cells": store.rows(),
-               "ab": store.ab_summaries(), "explanations": store.explanations()}
+               "ab": store.ab_summaries(), "explanations": store.explanations(),
+               "speculation": store.speculation_rows()}
     matched = quality_by_cell(sources["cells"], store.quality_rows())
     sources["quality"] = [(c, matched[c.id]) for c in sources["cells"]
                           if c.status == VALID and c.id in matched
@@ -230,13 +244,22 @@ def build_report(db: Path, out: Path) -> dict:
                      ["id", "model", "path", "gpu", "status", "tokens", "ppl", "fp32 ppl",
                       "vs fp32", "KL nats/token", "greedy", "reason"],
                      [_quality_row(q) for q in quality]))
+    sections.append(("Speculative decoding",
+                     ["id", "model", "path", "drafter", "workload", "gpu", "status", "kept",
+                      "tokens/step", "ms/token", "plain ms/token", "floor ms/token", "same",
+                      "reason"],
+                     [[r.id, r.model, r.path, r.drafter, r.workload, r.gpu, r.status,
+                       r.acceptance, r.tokens_per_step, r.ms_per_token, r.plain_ms_per_token,
+                       r.floor_ms_per_token,
+                       None if r.prompts is None else f"{r.identical}/{r.prompts}", r.reason]
+                      for r in store.speculation_rows()]))
     fingerprints = {c.fingerprint_key: c.fingerprint for c in sources["cells"]}
     env_fields = ("device", "driver", "cuda", "torch", "transformers", "floorline")
     sections.append(("Environments", ["key", *env_fields],
                      [[k, *(f.get(x) for x in env_fields)] for k, f in fingerprints.items()]))
     empty = empty_tables()
     for name, header, rows in sections:
-        h, m = _table(header, rows, percent=("of floor",))
+        h, m = _table(header, rows, percent=("of floor", "kept"))
         if name == "Quality against float32" and rows:
             h, m = f"<p>{prose_html(QUALITY_NOTE)}</p>{h}", f"{QUALITY_NOTE}\n\n{m}"
         html_parts.append(f"<h2>{html.escape(name)}</h2>"

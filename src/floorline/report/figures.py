@@ -258,6 +258,43 @@ def verify_cost(cells):
     return fig, sorted(set(ids)), None
 
 
+NO_SPECULATION = ("No speculative decoding measured: `floorline speculate --model DIR` (a "
+                  "checkpoint with trained weights) measures prompt lookup on every workload.")
+
+
+def speculation(rows):
+    """Speculative decoding per model, path, drafter and workload: ms per token with it, against
+    the same replies without it and against the floor per token (the one-token step's floor
+    over the tokens a verify step gave); beside each bar, what the drafter got right."""
+    rows = sorted((r for r in rows if r.status == VALID),
+                  key=lambda r: (r.model, r.gpu, r.path, r.drafter, r.workload))
+    if not rows:
+        return None, [], NO_SPECULATION
+    fig, ax, tab = bars_and_table((9.5, 0.42 * len(rows) + 1.9), 1.7)
+    y = list(range(len(rows)))
+    ax.barh(y, [r.ms_per_token for r in rows], color=PALETTE[0], height=0.6,
+            label="with speculation (effective ms/token)")
+    ax.scatter([r.plain_ms_per_token for r in rows], y, marker="|", s=260, color="black",
+               zorder=3, label="the same replies without it")
+    ax.scatter([r.floor_ms for r in rows], y, marker="|", s=260, color="grey", zorder=3,
+               label="floor of one step")
+    ax.scatter([r.floor_ms_per_token for r in rows], y, marker="d", s=24, color=PALETTE[2],
+               zorder=3, label="floor per token (step floor / tokens a step)")
+    ax.set_yticks(y, [f"{r.model.rsplit('/', 1)[-1]} {r.path} {r.drafter}: {r.workload}"
+                      for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    high = max(max(r.ms_per_token, r.plain_ms_per_token, r.floor_ms) for r in rows)
+    low = min(r.floor_ms_per_token for r in rows)
+    log_x(ax, low / 1.6, high * 1.6)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_xlabel("ms per token (log axis)")
+    table(tab, [[f"{r.acceptance:.0%}" if r.acceptance is not None else "-",
+                 f"{r.tokens_per_step:.2f}", f"{r.speedup:.2f}x", f"{r.identical}/{r.prompts}"]
+                for r in rows], ["kept", "tokens/step", "speedup", "same"], 7)
+    legend_below(fig, *ax.get_legend_handles_labels())
+    return fig, [r.id for r in rows], None
+
+
 def ab_forest(experiments):
     """A/B speedups with their 95% intervals, the study's beside, on a log axis (a ratio of 2
     as far from 1 as one of 1/2), each labelled with its value."""

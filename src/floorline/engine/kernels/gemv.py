@@ -368,7 +368,7 @@ def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bi
     squares = tl.zeros((GROUPS, CH, 1, WORDS, 1), tl.float32)
     # The first tile's weights are read before the wait for the kernel before this one (they
     # are not its output), so that their reads overlap its last programs; x is read after
-    # (measured on the H200: docs/results-h200.md, the int4 step).
+    # (measured on the H200: notebook/2026-12-04-int4-kernel-genealogy.md).
     groups = g_lo + g_i
     tile = _load_groups(w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, words_base, meta_base,
                         groups, g_hi, block_ok, W, SWIGLU, EVEN)

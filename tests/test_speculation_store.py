@@ -1,0 +1,110 @@
+"""Speculative decoding measured into the results database: per model, path, drafter and
+workload, each figure against independent arithmetic on what was stored."""
+
+import pytest
+
+from floorline.errors import FloorlineError
+from floorline.hardware import lookup
+from floorline.measure.speculation import speculation_key
+from floorline.measure.sweep import Sweep
+from floorline.models import resolve_model
+from floorline.records import INVALID, VALID
+from floorline.store import Store, merge
+from floorline.traffic import floor
+
+
+def test_a_workload_is_measured_into_the_database_and_skipped_when_held(smollm2, tmp_path):
+    gpu = lookup("h200")
+    runner = Sweep(Store(tmp_path / "s.db"), "cpu", gpu)
+    key = speculation_key(str(smollm2.weights_dir), "engine", "lookup", "edit", 4, 8)
+    result = runner.run_speculation(key)
+    assert result.status == VALID, result.reason
+    (row,) = runner.speculations([key])
+    replies = row.details["replies"]
+    assert row.prompts == len(replies) == 4 and row.identical == 4
+    assert row.tokens == sum(r["tokens"] for r in replies)
+    steps = sum(r["steps"] for r in replies)
+    assert row.verify_steps + row.plain_steps == steps
+    # a step gives its kept drafts and its own token, less any past the reply's end
+    assert 0 < row.tokens <= row.accepted + steps
+    assert row.tokens_per_step == pytest.approx(row.tokens / steps)
+    assert row.acceptance == pytest.approx(row.accepted / row.drafted)
+    spec_ms = sum(r["decode_ms"] for r in replies)
+    assert row.ms_per_token == pytest.approx(spec_ms / row.tokens)
+    assert row.step_ms == pytest.approx(spec_ms / steps)
+    plain_ms = sum(r["plain_decode_ms"] for r in replies)
+    assert row.plain_ms_per_token == pytest.approx(plain_ms / row.tokens)  # same replies
+    assert row.speedup == pytest.approx(row.plain_ms_per_token / row.ms_per_token)
+    # the steps read from each prompt's end to its reply's: their mean, weighted by steps
+    mean = sum(r["steps"] * (2 * r["prompt_tokens"] + r["tokens"] - 1) / 2
+               for r in replies) / steps
+    assert row.mean_ctx == pytest.approx(mean)
+    step_floor = floor(resolve_model(str(smollm2.weights_dir)), gpu, round(mean), "fp32",
+                       "fp32").floor_ms
+    assert row.floor_ms == pytest.approx(step_floor)
+    assert row.floor_ms_per_token == pytest.approx(step_floor * steps / row.tokens)
+    # held valid: skipped; merged once
+    assert runner.run_speculation(key) is None
+    merged, source = Store(tmp_path / "m.db"), str(tmp_path / "s.db")
+    assert merge(merged, [tmp_path / "s.db"])[source]["speculation"] == 1
+    assert merge(merged, [tmp_path / "s.db"])[source]["speculation"] == 0
+
+
+def test_random_weights_are_an_invalid_row_with_the_reason(tmp_path):
+    runner = Sweep(Store(tmp_path / "s.db"), "cpu", lookup("h200"))
+    result = runner.run_speculation(speculation_key("tiny-llama", "engine", "lookup", "json"))
+    assert result.status == INVALID and "random weights" in result.reason
+    (row,) = runner.store.speculation_rows()
+    assert row.status == INVALID and row.tokens is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (("engine", "lookup", "poems"), "unknown workload 'poems'"),
+    (("hf-eager", "lookup", "edit"), "the engine's own paths"),
+    (("engine+graphs", "lookup", "edit"), "the engine's own paths"),
+    (("engine", "lookup", "edit", 16), "must be 1 to 15"),
+    (("engine", "lookup", "edit", 4, 1), "--max-new-tokens must be at least 2"),
+])
+def test_a_bad_key_is_one_line(args, message):
+    with pytest.raises(FloorlineError, match=message):
+        speculation_key("tiny-llama", *args)
+
+
+def test_the_speculate_command_show_and_report(smollm2, tmp_path, cli):
+    db = tmp_path / "s.db"
+    model = str(smollm2.weights_dir)
+    proc = cli("speculate", "--model", model, "--workloads", "edit,chat",
+               "--draft-tokens", "4", "--max-new-tokens", "6", "--device", "cpu", "--gpu",
+               "h200", "--db", db, check=True)
+    assert "2 measured, 0 already valid" in proc.stdout
+    rows = Store(db, read_only=True).speculation_rows()
+    assert [(r.workload, r.status, r.identical) for r in rows] == [("edit", VALID, 4),
+                                                                  ("chat", VALID, 8)]
+    (run,) = Store(db, read_only=True).runs()
+    assert run["command"] == "speculate" and run["rows"]["speculation"] == 2
+    again = cli("speculate", "--model", model, "--workloads", "edit",
+                "--draft-tokens", "4", "--max-new-tokens", "6", "--device", "cpu", "--gpu",
+                "h200", "--db", db, check=True)
+    assert "0 measured, 1 already valid" in again.stdout
+    shown = cli("show", "--db", db, check=True).stdout
+    assert "speculative decoding" in shown and "edit" in shown
+    proc = cli("report", "--db", db, "--out", tmp_path / "r", check=True)
+    assert "figure 11" not in proc.stderr  # the speculation figure is drawn
+    md = (tmp_path / "r" / "report.md").read_text()
+    table = md[md.index("## Speculative decoding"):].split("\n\n")[1].splitlines()
+    assert len(table) == 2 + 2 and all("lookup" in line for line in table[2:])
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--workloads", "poems"), "unknown workload 'poems'"),
+    (("--paths", "hf-eager"), "the engine's own paths"),
+    (("--draft-tokens", "16"), "must be 1 to 15"),
+    (("--dtype", "float16"), "--dtype must be bfloat16 or float32"),
+    (("--draft", "no-such-model"), "no-such-model"),
+])
+def test_the_speculate_command_refuses_in_one_line(cli, tmp_path, args, message):
+    proc = cli("speculate", "--model", "tiny-llama", *args, "--device", "cpu", "--db",
+               tmp_path / "s.db")
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode != 0 and len(lines) == 1 and message in lines[0], proc.stderr
+    assert not (tmp_path / "s.db").exists()
