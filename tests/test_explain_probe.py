@@ -60,11 +60,9 @@ def test_a_scale_multiplies_every_class_and_the_parts_still_sum():
 def test_explain_a_tiny_cell_on_the_cpu():
     r = explain("tiny-llama", 32, "hf-static", "cpu", lookup("l4"), steps=4, warmup=2)
     d = r["decomposition"]
-    # The host's operators are split on the profiled timeline, scaled to the unprofiled median:
-    # their share of the step is their share of the timeline, whatever the host's load.
+    # The host's operators are split on the profiled timeline, scaled to the unprofiled median,
+    # so that no share is negative whatever the host's load.
     assert d["profiler_scale"] == pytest.approx(d["median_ms"] / d["profiled_timeline_ms"])
-    assert d["kernel_ms"] / d["median_ms"] == pytest.approx(
-        d["busy_union_ms"] / d["profiled_timeline_ms"], rel=1e-3)
     assert all(d[k] >= 0 for k in PARTS)  # never a negative share
     assert sum(d[k] for k in PARTS) == pytest.approx(d["median_ms"])
     assert sum(c["ms"] for c in r["classes"].values()) == pytest.approx(d["kernel_ms"])

@@ -101,6 +101,8 @@ def test_the_speculate_command_show_and_report(smollm2, tmp_path, cli):
     (("--draft-tokens", "16"), "must be 1 to 15"),
     (("--dtype", "float16"), "--dtype must be bfloat16 or float32"),
     (("--draft", "no-such-model"), "no-such-model"),
+    (("--draft", "tiny-qwen2"), "draft model tiny-qwen2 has no trained weights"),
+    (("--gpu", "no-such-gpu"), "no-such-gpu"),
 ])
 def test_the_speculate_command_refuses_in_one_line(cli, tmp_path, args, message):
     proc = cli("speculate", "--model", "tiny-llama", *args, "--device", "cpu", "--db",
@@ -108,3 +110,21 @@ def test_the_speculate_command_refuses_in_one_line(cli, tmp_path, args, message)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode != 0 and len(lines) == 1 and message in lines[0], proc.stderr
     assert not (tmp_path / "s.db").exists()
+
+
+def test_merge_refuses_a_valid_speculation_row_without_its_figures(tmp_path):
+    import sqlite3
+
+    from floorline.records import SpeculationResult
+
+    source = Store(tmp_path / "s.db")
+    key = speculation_key("tiny-llama", "engine", "lookup", "edit")
+    source.add_speculation(SpeculationResult(key, "h200", VALID), {"device": "cpu"}, "env")
+    source.close()
+    target = tmp_path / "t.db"
+    with pytest.raises(FloorlineError, match="speculation row 1: valid with tokens None"):
+        merge(Store(target), [tmp_path / "s.db"])
+    assert not target.exists()  # nothing was merged
+    with sqlite3.connect(tmp_path / "s.db") as db:
+        db.execute("UPDATE speculation SET status='invalid', reason='a test'")
+    assert merge(Store(target), [tmp_path / "s.db"])[str(tmp_path / "s.db")]["speculation"] == 1

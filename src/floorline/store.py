@@ -40,8 +40,8 @@ RUN_TABLES = ("cells", "quality", "ab_experiments", "explanations", "probes", "s
 
 
 def column(sql: str, json_kind: type | None = None, **default):
-    """A field of a row class (CellRow, QualityRow) that is a column of its table: its SQL type
-    and constraints, and for a JSON column the kind of value it holds."""
+    """A field of a row class (CellRow, QualityRow, SpeculationRow) that is a column of its
+    table: its SQL type and constraints, and for a JSON column the kind of value it holds."""
     return field(metadata={"sql": sql, "json": json_kind}, **default)
 
 
@@ -247,7 +247,8 @@ def json_columns(row_fields) -> dict:
 OTHER_TABLES = """
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY,
-    command TEXT NOT NULL,         -- sweep, quality, ab, explain, probe (merge: older rows)
+    command TEXT NOT NULL,         -- sweep, quality, speculate, ab, explain, probe (merge:
+                                   -- older rows)
     label TEXT,                    -- a name the user gave the run (--label)
     argv TEXT NOT NULL,            -- JSON list: the command line as typed
     options TEXT NOT NULL,         -- JSON: every option as resolved
@@ -331,6 +332,23 @@ def check_cell(row: dict, where: str) -> None:
     if problem:
         raise FloorlineError(f"{where}: {row['status']} with {problem}, which no measured cell "
                              "has (a damaged row)")
+
+
+# The figures every valid speculation row has, each a positive number (the report divides by
+# and draws them).
+SPECULATION_NEEDED = ("tokens", "tokens_per_step", "step_ms", "ms_per_token",
+                      "plain_ms_per_token", "floor_ms", "floor_ms_per_token")
+
+
+def check_speculation(row: dict, where: str) -> None:
+    """One line naming a valid speculation row without one of its figures (a damaged row)."""
+    if row.get("status") != VALID:
+        return
+    bad = [f"{k} {row.get(k)!r}" for k in SPECULATION_NEEDED
+           if not isinstance(row.get(k), (int, float)) or not 0 < row[k] < math.inf]
+    if bad:
+        raise FloorlineError(f"{where}: valid with {', '.join(bad)}, which no measurement has "
+                             "(a damaged row)")
 
 
 def parse_json(text, where: str, column: str, kind=dict):
@@ -734,6 +752,8 @@ def _merge_table(target: Store, src, source: Path, table: str, runs: _Runs) -> i
                   for column, kind in JSON_COLUMNS[table].items()}
         if table == "cells":
             check_cell(row, where)
+        if table == "speculation":
+            check_speculation(row, where)
         found = target._read(held, {c: row.get(c) for c in identity})
         if found:
             if table == "runs":

@@ -232,13 +232,14 @@ def speculation_table(rows: list[SpeculationRow], title: str) -> Table:
     """Speculative decoding per drafter and workload: drafts kept, tokens a step, ms a token
     with it and without it (the same replies), the floor per token, and how many replies were
     the same token for token; or why a row has none."""
-    table = Table("model", "path", "drafter", "workload", "gpu", "status", "kept",
-                  "tokens/step", "ms/token", "plain ms/token", "speedup", "floor ms/token",
-                  "same replies", "reason", title=escape(title))
+    table = Table("model", "path", "drafter", "k", "dtype", "workload", "reply cap", "gpu",
+                  "status", "kept", "tokens/step", "ms/token", "plain ms/token", "speedup",
+                  "floor ms/token", "same replies", "reason", title=escape(title))
     for r in rows:
         valid = r.status == VALID
         table.add_row(escape(model_label(r.model)), escape(r.path), escape(r.drafter),
-                      escape(r.workload), escape(r.gpu),
+                      str(r.draft_tokens), r.dtype, escape(r.workload), str(r.max_new_tokens),
+                      escape(r.gpu),
                       r.status if valid else f"[red]{escape(r.status)}[/red]",
                       num(r.acceptance, ".0%"), num(r.tokens_per_step, ".2f"),
                       num(r.ms_per_token, ".3f"), num(r.plain_ms_per_token, ".3f"),

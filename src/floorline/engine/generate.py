@@ -264,6 +264,8 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
     device_ms = 0.0 if cuda else None
     if cuda and not finished():
         engine.capture()
+        if speculator is not None:  # every verify step's graph, before the decode is timed
+            engine.capture_verify()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     long_from = engine.config.long_rope_from
     while not finished():

@@ -6,7 +6,7 @@ import torch
 
 from floorline import graphs
 from floorline.engine.kvcache import check_format
-from floorline.engine.model import Decoder, DecoderConfig, EngineUnsupported, Rows
+from floorline.engine.model import VERIFY_MAX, Decoder, DecoderConfig, EngineUnsupported, Rows
 from floorline.engine.ops import ReferenceOps, TritonOps
 from floorline.engine.quant import FORMATS, HEAD_FORMATS, Int4Weight, format_of
 from floorline.engine.sampling import Sampler
@@ -158,6 +158,19 @@ class Engine:
                 self.verify_graphs[k] = graphs.capture(lambda: self.decoder.verify(k))
         self.verify_graphs[k].replay()
         return rows
+
+    def capture_verify(self) -> None:
+        """On CUDA, capture now the graph of every verify step (2 to VERIFY_MAX tokens) that fits
+        the cache, so that no later step pays for its capture (generate does this before it
+        times the decode). Nothing moves: a verify step moves neither token nor position."""
+        if self.device.type != "cuda":
+            return
+        for k in range(2, VERIFY_MAX + 1):
+            if k in self.verify_graphs or self.filled + k > self.decoder.capacity:
+                continue
+            self.decoder.verify_rows(k)
+            with torch.cuda.device(self.device):
+                self.verify_graphs[k] = graphs.capture(lambda k=k: self.decoder.verify(k))
 
     def seek(self, filled: int, token: int | torch.Tensor) -> None:
         """Go on from the cache's first `filled` tokens with `token` (or a [1] tensor on the

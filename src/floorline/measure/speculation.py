@@ -59,6 +59,18 @@ def speculation_key(model: str, path: str, drafter: str, workload: str,
                           draft_tokens, max_new_tokens, dtype)
 
 
+def drafter_source(drafter: str, trust_remote_code: bool = False) -> str:
+    """What generate takes as its draft: 'lookup', or the directory of a draft model with
+    trained weights (one line for a model without: a drafter needs a checkpoint)."""
+    if drafter == LOOKUP:
+        return drafter
+    spec = resolve_model(drafter, trust_remote_code)
+    if not spec.has_real_weights:
+        raise FloorlineError(f"draft model {drafter} has no trained weights (a shipped config, "
+                             "or a directory without .safetensors): a drafter needs a checkpoint")
+    return str(spec.weights_dir)
+
+
 @dataclass
 class WorkloadResult:
     workload: str
@@ -67,7 +79,7 @@ class WorkloadResult:
     plain_ms_per_token: float  # the decode without speculation, all prompts' tokens together
     ms_per_token: float  # with speculation
     step_ms: float  # with speculation: the decode's time over its steps
-    mean_ctx: float  # the positions the speculative steps read, their mean
+    mean_ctx: float  # the positions the speculative steps read, about their mean
     replies: list[dict]  # per prompt: tokens, steps, identical, both decodes' ms
     weight_format: str  # the floor's names for the formats that ran
     kv_format: str
@@ -110,7 +122,8 @@ def measure_workload(model: str, workload: str, draft: str, *, draft_tokens: int
             total = Stats(spec.speculation.drafter)
         total.add(spec.speculation)
         steps = spec.decode_steps
-        # the steps read from the prompt's end to the reply's: their mean, weighted by steps
+        # the steps read from the prompt's end to the reply's: about their mean (it takes
+        # them evenly spaced), weighted by steps
         position_sum += steps * (len(spec.prompt_ids) + spec.final_context) / 2
         replies.append({"prompt_tokens": len(spec.prompt_ids), "tokens": spec.steps,
                         "steps": steps, "identical": spec.ids == plain.ids,
@@ -127,11 +140,11 @@ def measure_workload(model: str, workload: str, draft: str, *, draft_tokens: int
                           spec.weight_format, spec.kv_format)
 
 
-def prepare_speculation(key: SpeculationKey, model_spec, device: str,
-                        gpu: DeviceSpec) -> tuple[SpeculationResult, bool]:
+def prepare_speculation(key: SpeculationKey, model_spec, device: str, gpu: DeviceSpec,
+                        trust_remote_code: bool = False) -> tuple[SpeculationResult, bool]:
     """The measurement before it runs, invalid, and whether it can run: not for random
-    weights (what a drafter gets right depends on a trained model's replies), nor a path that
-    cannot run here. Cheap: no model is built."""
+    weights (what a drafter gets right depends on a trained model's replies), a path that
+    cannot run here, or a draft model without trained weights. Cheap: no model is built."""
     result = SpeculationResult(key, gpu.name, INVALID, details={"device": device,
                                                                  "peak_source": gpu.source})
     if not model_spec.has_real_weights:
@@ -139,6 +152,11 @@ def prepare_speculation(key: SpeculationKey, model_spec, device: str,
                          "model's replies)")
     elif (reason := unavailable(parse_path(key.path), device)) is not None:
         result.reason = f"not measured: path unavailable: {reason}"
+    else:
+        try:
+            drafter_source(key.drafter, trust_remote_code)
+        except FloorlineError as e:
+            result.reason = f"not measured: {e}"
     return result, result.reason is None
 
 
@@ -147,7 +165,7 @@ def measure_speculation(key: SpeculationKey, device: str, gpu: DeviceSpec,
     """Measure one key (in the runner's child process); every failure a user can meet comes
     back as an invalid row with its reason."""
     model_spec = resolve_model(key.model, trust_remote_code)
-    result, runnable = prepare_speculation(key, model_spec, device, gpu)
+    result, runnable = prepare_speculation(key, model_spec, device, gpu, trust_remote_code)
     if not runnable:
         return result
     engine = REGISTRY[key.path]
@@ -156,8 +174,7 @@ def measure_speculation(key: SpeculationKey, device: str, gpu: DeviceSpec,
             raise FloorlineError(f"this floorline's '{key.workload}' prompts differ from the ones "
                                  "asked for (their SHA-256): measure it with the floorline "
                                  "that asked")
-        drafter = key.drafter if key.drafter == LOOKUP else str(
-            resolve_model(key.drafter, trust_remote_code).weights_dir)
+        drafter = drafter_source(key.drafter, trust_remote_code)
         w = measure_workload(str(model_spec.weights_dir), key.workload, drafter,
                              draft_tokens=key.draft_tokens, max_new_tokens=key.max_new_tokens,
                              device=device, dtype=key.dtype, weights=engine.weights,
@@ -188,7 +205,7 @@ def run_speculation_in_child(key: SpeculationKey, device: str, gpu: DeviceSpec,
     """One key measured in a fresh process; one that cannot be measured here is invalid without
     one, and a child that fails makes an invalid row naming the cause."""
     result, runnable = prepare_speculation(key, resolve_model(key.model, trust_remote_code),
-                                           device, gpu)
+                                           device, gpu, trust_remote_code)
     if not runnable:
         return result
     args = {"key": asdict(key), "device": device, "gpu": asdict(gpu),

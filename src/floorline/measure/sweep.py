@@ -91,8 +91,8 @@ def run_each(keys: list, run: Callable, on_start: Callable | None,
 
 
 class Sweep:
-    """Measures cells and quality into `store`, each in a fresh process (measure/runner.py),
-    skipping those already valid under this environment."""
+    """Measures cells, quality and speculation into `store`, each in a fresh process
+    (measure/runner.py), skipping those already valid under this environment."""
 
     def __init__(self, store: Store, device: str, gpu: DeviceSpec, *, force: bool = False,
                  seed: int = 0, trust_remote_code: bool = False, timeout_s: float = TIMEOUT_S):

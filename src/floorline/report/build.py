@@ -79,14 +79,15 @@ NOTES = {
         "a curve near 1 means drafted tokens cost almost nothing to check, so that speculative "
         "decoding gains nearly every token it keeps."),
     "speculation": (
-        "One bar per model, path, drafter and workload (a few prompts through the chat template, "
-        "each reply greedy and capped at the same length): the decode's ms per token with "
-        "speculative decoding, against the same replies decoded one token a step (the black "
-        "tick), the floor of one step at the replies' mean context (grey) and that floor over "
-        "the tokens a verify step gave (the diamond): speculation beats the one-step floor "
-        "where its bar ends left of the grey tick. Beside each bar: the share of drafted tokens "
-        "kept, the tokens a step gave, the speedup over the plain decode and how many replies "
-        "were the same token for token (greedy verification keeps them all the same)."),
+        "One bar per model, path, drafter, draft length (k) and GPU on a workload (a few prompts "
+        "through the chat template, each reply greedy and capped at the same length): the "
+        "decode's ms per token with speculative decoding, against the same replies decoded one "
+        "token a step (the black tick), the floor of one step at the replies' mean context "
+        "(grey) and that floor over the tokens a step gave, verify and plain steps together "
+        "(the diamond): speculation beats the one-step floor where its bar ends left of the "
+        "grey tick. Beside each bar: the share of drafted tokens kept, the tokens a step, the "
+        "speedup over the plain decode and how many replies were the same token for token "
+        "(greedy verification keeps them all the same)."),
     "quality": (
         "One panel per model and GPU; one colour per path, at its perplexity increase over "
         "float32 (the bar: its 95% interval over windows), a point per context measured, at its "
@@ -245,12 +246,12 @@ def build_report(db: Path, out: Path) -> dict:
                       "vs fp32", "KL nats/token", "greedy", "reason"],
                      [_quality_row(q) for q in quality]))
     sections.append(("Speculative decoding",
-                     ["id", "model", "path", "drafter", "workload", "gpu", "status", "kept",
-                      "tokens/step", "ms/token", "plain ms/token", "floor ms/token", "same",
-                      "reason"],
-                     [[r.id, r.model, r.path, r.drafter, r.workload, r.gpu, r.status,
-                       r.acceptance, r.tokens_per_step, r.ms_per_token, r.plain_ms_per_token,
-                       r.floor_ms_per_token,
+                     ["id", "model", "path", "drafter", "k", "dtype", "workload", "reply cap",
+                      "gpu", "status", "kept", "tokens/step", "ms/token", "plain ms/token",
+                      "speedup", "floor ms/token", "same", "reason"],
+                     [[r.id, r.model, r.path, r.drafter, r.draft_tokens, r.dtype, r.workload,
+                       r.max_new_tokens, r.gpu, r.status, r.acceptance, r.tokens_per_step,
+                       r.ms_per_token, r.plain_ms_per_token, r.speedup, r.floor_ms_per_token,
                        None if r.prompts is None else f"{r.identical}/{r.prompts}", r.reason]
                       for r in store.speculation_rows()]))
     fingerprints = {c.fingerprint_key: c.fingerprint for c in sources["cells"]}

@@ -265,9 +265,11 @@ NO_SPECULATION = ("No speculative decoding measured: `floorline speculate --mode
 def speculation(rows):
     """Speculative decoding per model, path, drafter and workload: ms per token with it, against
     the same replies without it and against the floor per token (the one-token step's floor
-    over the tokens a verify step gave); beside each bar, what the drafter got right."""
+    over the tokens a step gave, verify and plain steps together); beside each bar, what the
+    drafter got right."""
     rows = sorted((r for r in rows if r.status == VALID),
-                  key=lambda r: (r.model, r.gpu, r.path, r.drafter, r.workload))
+                  key=lambda r: (r.model, r.gpu, r.path, r.drafter, str(r.draft_tokens),
+                                 r.workload))
     if not rows:
         return None, [], NO_SPECULATION
     fig, ax, tab = bars_and_table((9.5, 0.42 * len(rows) + 1.9), 1.7)
@@ -280,8 +282,8 @@ def speculation(rows):
                label="floor of one step")
     ax.scatter([r.floor_ms_per_token for r in rows], y, marker="d", s=24, color=PALETTE[2],
                zorder=3, label="floor per token (step floor / tokens a step)")
-    ax.set_yticks(y, [f"{r.model.rsplit('/', 1)[-1]} {r.path} {r.drafter}: {r.workload}"
-                      for r in rows], fontsize=7)
+    ax.set_yticks(y, [f"{r.model.rsplit('/', 1)[-1]} {r.path} {r.drafter} k={r.draft_tokens} "
+                      f"on {r.gpu}: {r.workload}" for r in rows], fontsize=7)
     ax.invert_yaxis()
     high = max(max(r.ms_per_token, r.plain_ms_per_token, r.floor_ms) for r in rows)
     low = min(r.floor_ms_per_token for r in rows)

@@ -140,9 +140,11 @@ class Model:
         self.lock = threading.Lock()
         self.last_report: Report | None = None
         self.last_token_ids: list[int] = []  # the last request's new tokens
-        if self.cuda:  # the greedy step captured now, so that no request pays for it
+        if self.cuda:  # the greedy step (and verify steps) captured now: no request pays for it
             self.engine.prefill(torch.tensor([0, 0]))
             self.engine.capture()
+            if self.drafter is not None:
+                self.engine.capture_verify()
 
     def encode(self, prompt: str | list[dict]) -> list[int]:
         """A chat (a list of {"role", "content"} messages) through the model's chat template,

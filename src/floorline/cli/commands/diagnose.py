@@ -132,9 +132,10 @@ def explain_cmd(
               f"{d['profiled_timeline_ms']:.3f} ms ({unit} busy {d['busy_union_ms']:.3f} ms of "
               f"it)", highlight=False)
     if d["profiler_scale"] != 1.0:
-        out.print(f"the profiler stretches host operators as much as the gaps between them, so "
-                  f"their times above are the profiled ones x {d['profiler_scale']:.3f} (the "
-                  f"unprofiled median over the profiled timeline)", highlight=False)
+        out.print(f"the operators' times above are the profiled ones x "
+                  f"{d['profiler_scale']:.3f} (the unprofiled median over the profiled timeline): "
+                  f"the profiler stretches host operators as much as the gaps between them",
+                  highlight=False)
     classes = Table("class", f"{unit}/step", "ms/step", "MB/step", "GB/s")
     for cls, row in result["classes"].items():
         classes.add_row(cls, f"{row['kernels_per_step']:.1f}", f"{row['ms']:.3f}",

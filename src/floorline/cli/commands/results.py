@@ -94,7 +94,8 @@ def show(
                              "(commit, kernel and tuning hashes), GPU and flags; the cells "
                              "table names each row's run.")] = False,
 ) -> None:
-    """The cells in the results database, and its speculative decoding measurements."""
+    """The cells in the results database; in the table view, its speculative decoding
+    measurements too (--json and --csv print the cells)."""
     store = Store(db, read_only=True)
     if runs and not (as_json or as_csv):
         out.print(runs_table(store.runs(), str(db)))
@@ -129,8 +130,9 @@ def merge_cmd(
     target: Annotated[Path, typer.Argument(help="The database to merge into (made if absent).")],
     sources: Annotated[list[Path], typer.Argument(help="Databases to merge from (read only).")],
 ) -> None:
-    """Merge results databases into one: every cell, A/B experiment, explanation and probe the
-    target does not already hold; each merged cell records the file and row it came from."""
+    """Merge results databases into one: every cell, quality and speculation measurement, A/B
+    experiment, explanation and probe the target does not already hold; each merged cell
+    records the file and row it came from."""
     resolved = target.resolve()
     if any(s.resolve() == resolved for s in sources):
         raise FloorlineError(f"{target} is both the target and a source")

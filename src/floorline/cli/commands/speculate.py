@@ -27,7 +27,7 @@ from floorline.cli.options import (
 )
 from floorline.cli.render import out, progress_bar, speculation_table
 from floorline.errors import FloorlineError
-from floorline.measure.speculation import LOOKUP, speculation_key
+from floorline.measure.speculation import LOOKUP, drafter_source, speculation_key
 from floorline.measure.sweep import Sweep, run_each
 from floorline.measure.texts import WORKLOADS
 from floorline.models import model_label, resolve_model
@@ -60,8 +60,8 @@ def speculate_cmd(
     timeout: TIMEOUT_OPTION = None,
     label: LABEL_OPTION = None,
 ) -> None:
-    """Measure speculative decoding on workloads of real prompts: acceptance, tokens a verify
-    step, effective ms/token against the same replies without it, and the floor per token."""
+    """Measure speculative decoding on workloads of real prompts: acceptance, tokens a step,
+    effective ms/token against the same replies without it, and the floor per token."""
     timeout_s = parse_timeout(timeout)
     device = check_device(device)
     dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
@@ -71,12 +71,13 @@ def speculate_cmd(
     drafters = split_list(draft or [LOOKUP], "--draft")
     resolve_model(model, trust_remote_code)
     for d in drafters:
-        if d != LOOKUP:
-            resolve_model(d, trust_remote_code)
-    keys = [speculation_key(model, p, d, w, k, max_new_tokens, dtype)
-            for p in split_list(paths or ["engine"], "--paths") for d in drafters
-            for w in split_list(workloads or [",".join(WORKLOADS)], "--workloads")]
-    runner = Sweep(Store(db), device, resolve_gpu(gpu, device), force=force,
+        drafter_source(d, trust_remote_code)
+    keys = list(dict.fromkeys(  # each key once, however often an item was given
+        speculation_key(model, p, d, w, k, max_new_tokens, dtype)
+        for p in split_list(paths or ["engine"], "--paths") for d in drafters
+        for w in split_list(workloads or [",".join(WORKLOADS)], "--workloads")))
+    gpu_spec = resolve_gpu(gpu, device)  # refused before the database is made
+    runner = Sweep(Store(db), device, gpu_spec, force=force,
                    trust_remote_code=trust_remote_code, timeout_s=timeout_s)
     runner.begin_run("speculate", {"keys": [asdict(key) for key in keys], "device": device,
                                    "gpu": asdict(runner.gpu), "force": force,

@@ -231,7 +231,8 @@ def quality_cmd(
     for name in names:
         resolve_model(name, trust_remote_code)
     keys = [quality_key(m, p, tokens, window) for m in names for p in dict.fromkeys(bases)]
-    runner = Sweep(Store(db), device, resolve_gpu(gpu, device), force=force, seed=seed,
+    gpu_spec = resolve_gpu(gpu, device)  # refused before the database is made
+    runner = Sweep(Store(db), device, gpu_spec, force=force, seed=seed,
                    trust_remote_code=trust_remote_code, timeout_s=timeout_s)
     runner.begin_run("quality", {"keys": [asdict(k) for k in keys], "device": device,
                                  "gpu": asdict(runner.gpu), "force": force, "seed": seed,
