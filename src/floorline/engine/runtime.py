@@ -153,11 +153,16 @@ class Engine:
             rows.token[1:].copy_(torch.tensor(drafts, dtype=torch.long))
         if self.device.type != "cuda":
             return self.decoder.verify(k)
+        self._verify_graph(k).replay()
+        return rows
+
+    def _verify_graph(self, k: int):
+        """The CUDA graph of the verify step of k tokens, captured on first use."""
         if k not in self.verify_graphs:
+            self.decoder.verify_rows(k)
             with torch.cuda.device(self.device):
                 self.verify_graphs[k] = graphs.capture(lambda: self.decoder.verify(k))
-        self.verify_graphs[k].replay()
-        return rows
+        return self.verify_graphs[k]
 
     def capture_verify(self) -> None:
         """On CUDA, capture now the graph of every verify step (2 to VERIFY_MAX tokens) that fits
@@ -165,12 +170,8 @@ class Engine:
         times the decode). Nothing moves: a verify step moves neither token nor position."""
         if self.device.type != "cuda":
             return
-        for k in range(2, VERIFY_MAX + 1):
-            if k in self.verify_graphs or self.filled + k > self.decoder.capacity:
-                continue
-            self.decoder.verify_rows(k)
-            with torch.cuda.device(self.device):
-                self.verify_graphs[k] = graphs.capture(lambda k=k: self.decoder.verify(k))
+        for k in range(2, min(VERIFY_MAX, self.decoder.capacity - self.filled) + 1):
+            self._verify_graph(k)
 
     def seek(self, filled: int, token: int | torch.Tensor) -> None:
         """Go on from the cache's first `filled` tokens with `token` (or a [1] tensor on the

@@ -181,10 +181,9 @@ def measure_speculation(key: SpeculationKey, device: str, gpu: DeviceSpec,
                              head=engine.head, kv=engine.kv)
         step_floor = floor(model_spec, gpu, round(w.mean_ctx), w.weight_format,
                            w.kv_format).floor_ms
-        s = w.speculation
-        result.summary = {**w.as_dict(), "floor_ms": step_floor,
-                          "floor_ms_per_token": step_floor / s.tokens_per_step}
-        result.summary = {k: result.summary[k] for k in SPECULATION_FIGURES}
+        figures = {**w.as_dict(), "floor_ms": step_floor,
+                   "floor_ms_per_token": step_floor / w.speculation.tokens_per_step}
+        result.summary = {k: figures[k] for k in SPECULATION_FIGURES}
         result.details.update(replies=w.replies, weight_format=w.weight_format,
                               kv_format=w.kv_format, drafter_dir=drafter)
         result.status = VALID
@@ -216,4 +215,3 @@ def run_speculation_in_child(key: SpeculationKey, device: str, gpu: DeviceSpec,
     except ChildFailed as e:
         result.reason = f"the measurement's process failed: {e.reason}"
         return result
-
