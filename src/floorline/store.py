@@ -392,11 +392,15 @@ class Store:
                 raise FloorlineError(f"{self.path} was written by a newer floorline "
                                      f"(schema {version}, this one reads {SCHEMA_VERSION})")
             db.execute("PRAGMA journal_mode = WAL")
-            db.executescript(SCHEMA)
+            # The schema in one transaction that takes the write lock first: statements that
+            # read the schema and then write, beside another process doing the same, can get
+            # "database is locked" at once, without waiting out the busy timeout.
+            db.executescript("BEGIN IMMEDIATE;\n" + SCHEMA)
             for table in RUN_TABLES:  # a database from before schema 4
                 if "run_id" not in table_columns(db, table):
                     db.execute(f"ALTER TABLE {table} ADD COLUMN run_id INTEGER")
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            db.execute("COMMIT")
         except sqlite3.DatabaseError as e:
             raise FloorlineError(f"cannot use results database {self.path}: {e}") from None
         return db
