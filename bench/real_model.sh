@@ -5,7 +5,8 @@
 #                                      1024), KL from float32 and greedy agreement, per path
 #   bash bench/real_model.sh longctx   the same at the model's long context: one window of 8192
 #                                      tokens, the fp8 KV cache beside the 16-bit one
-#   bash bench/real_model.sh speed     decode cells at ctx 512 and 4096 of the same paths
+#   bash bench/real_model.sh speed     decode cells at ctx 512 and 4096 (CTX) of the same paths (on a
+#                                      GPU, transformers' graphed path too; SPEED_PATHS names others)
 #   bash bench/real_model.sh demo      the CPU demo's sweep of it (ctx 128 and 512; hf-eager, hf-static
 #                                      and engine, with quality on 2048 tokens), into its own database
 #   bash bench/real_model.sh speculation   speculative decoding with prompt lookup on every
@@ -31,8 +32,8 @@ quality() { fl quality --models $MODEL --paths "$PATHS" --tokens 8192 --window 1
 longctx() { fl quality --models $MODEL --paths engine,engine-kvfp8 --tokens 8192 --window 8192 --device "$DEVICE" --db "$DB"; }
 speed() {
   local paths=$PATHS
-  [[ $DEVICE == cuda ]] && paths=hf-eager,hf-static+graphs,$ENGINE
-  fl sweep --models $MODEL --ctx 512,4096 --paths "$paths" --no-quality --device "$DEVICE" --db "$DB"
+  [[ $DEVICE == cuda ]] && paths=${SPEED_PATHS:-hf-eager,hf-static+graphs,$ENGINE}
+  fl sweep --models $MODEL --ctx "${CTX:-512,4096}" --paths "$paths" --no-quality --device "$DEVICE" --db "$DB"
 }
 
 case ${1:?stage} in
