@@ -26,10 +26,12 @@ layer does, and reads only the window's last positions of it. Gemma's RMSNorm we
 
 `ops` is the kernels (floorline.engine.ops.TritonOps) or their PyTorch references
 (ReferenceOps, the CPU path); both take the same buffers. W is 16-bit, int4 or fp8
-(floorline.engine.quant); the kernels read it as stored. Prefill runs PyTorch on the same weights,
-chunk by chunk (bounded memory whatever the prompt's length), a quantised matrix dequantised to
-the 16-bit dtype for its product; asked for the logits of every position (a quality measurement),
-it computes each chunk's with the step's head arithmetic.
+(floorline.engine.quant); the kernels read it as stored. The layer above is written once
+(Decoder._forward), over the stages of a pass: the decode step's and verify's, which are the ops
+(_Step), or a prefill chunk's (_Chunk): PyTorch on the same weights, chunk by chunk (bounded
+memory whatever the prompt's length), a quantised matrix dequantised to the 16-bit dtype for its
+product; asked for the logits of every position (a quality measurement), it computes each
+chunk's with the step's head arithmetic.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from functools import partial
 
 import torch
 
+from floorline.engine.kernels.gemv import gemv_reference
 from floorline.engine.kvcache import KVCache
 from floorline.engine.quant import dense
 from floorline.engine.weights import DecoderWeights
@@ -266,8 +269,9 @@ VERIFY_MAX = 16  # tokens a verify step checks at once
 
 @dataclass
 class Rows:
-    """A step's input tokens, their positions and the buffers their activations pass through.
-    m is None for the decode step's own (1-D: one token); else m tokens, [m, ...] each."""
+    """A pass's input tokens, their positions and the buffers their activations pass through.
+    m is None for the decode step's own (1-D: one token); else m tokens, [m, ...] each (a
+    verify step's, or a prefill chunk's)."""
     m: int | None
     token: torch.Tensor  # int64 [1] or [m]
     pos: torch.Tensor  # int32 [1] or [m]
@@ -276,12 +280,13 @@ class Rows:
     attn: torch.Tensor
     act: torch.Tensor
     out: torch.Tensor | None  # Gemma: a product's output before its norm joins h
-    logits: torch.Tensor  # fp32
+    logits: torch.Tensor | None  # fp32; None: rows whose logits nobody asks for (prefill)
     next: torch.Tensor | None  # int64 [m]: each position's greedy next token
 
     @classmethod
     def allocate(cls, c: DecoderConfig, dtype, device, m: int | None, token=None,
-                 pos=None) -> Rows:
+                 pos=None, head: bool = True) -> Rows:
+        """The buffers; without logits and next tokens unless `head`."""
         lead = () if m is None else (m,)
 
         def buffer(n, kind=dtype):
@@ -292,8 +297,9 @@ class Rows:
                    buffer(c.hidden, torch.float32), buffer(c.qkv_rows),
                    buffer(c.heads * c.head_dim), buffer(c.intermediate),
                    buffer(c.hidden, torch.float32) if c.gemma else None,
-                   buffer(c.vocab, torch.float32),
-                   None if m is None else torch.zeros(m, dtype=torch.long, device=device))
+                   buffer(c.vocab, torch.float32) if head else None,
+                   None if m is None or not head else torch.zeros(m, dtype=torch.long,
+                                                                  device=device))
 
     def first(self, k: int) -> Rows:
         """The first k rows, as views (the same memory)."""
@@ -313,8 +319,9 @@ class Rows:
 
 
 class Decoder:
-    """Weights, KV cache, step buffers and the decode step of one batch-1 stream; `kv` is the
-    cache's format (floorline.engine.kvcache: "bf16", the weights' 16-bit dtype, or "fp8")."""
+    """Weights, KV cache, step buffers and the passes (step, verify, prefill) of one batch-1
+    stream; `kv` is the cache's format (floorline.engine.kvcache: "bf16", the weights' 16-bit
+    dtype, or "fp8")."""
 
     def __init__(self, config: DecoderConfig, weights: DecoderWeights, capacity: int, ops,
                  sampler, kv: str = "bf16"):
@@ -333,7 +340,6 @@ class Decoder:
         self.tables = [tuple(t.to(device) for t in rotary_table(
             c, r, positions, long_positions(r, positions))) for r in self.ropes]
         self.layer_rope = [int(c.local_rope is not None and w is not None) for w in c.windows]
-        self.cos, self.sin = self.tables[0]
         self.scale = c.query_scale or c.head_dim ** -0.5
         self.rotary = c.rotary or c.head_dim
         self.block_t = attention_block_t(c.head_dim, kv)
@@ -345,7 +351,7 @@ class Decoder:
         self.token = torch.zeros(1, dtype=torch.long, device=device)
         self.pos = torch.zeros(1, dtype=torch.int32, device=device)  # the new token's position
         self.one = Rows.allocate(c, dtype, device, None, self.token, self.pos)
-        self.h, self.logits = self.one.h, self.one.logits
+        self.logits = self.one.logits
         self.scratch = ops.attention_scratch(c.heads, c.head_dim,
                                              attention_splits(c.kv_heads, device), device)
         self.argmax = partial(ops.argmax, scratch=ops.argmax_scratch(c.vocab, device))
@@ -354,7 +360,7 @@ class Decoder:
 
     def step(self) -> None:
         """One decode step on the device: reads token and pos, leaves the next token and pos+1."""
-        self._forward(self.one)
+        self._forward(_Step(self, self.one))
         self.sampler(self.logits, self.token, self.argmax)
         self.pos.add_(1)
 
@@ -379,48 +385,42 @@ class Decoder:
         rows = self.verify_rows(k)
         rows.token[:1].copy_(self.token)
         torch.add(self.pos, self.offsets[:k], out=rows.pos)
-        self._forward(rows)
+        self._forward(_Step(self, rows))
         for j in range(k):
             self.argmax(rows.logits[j], rows.next[j:j + 1])
         return rows
 
-    def _forward(self, rows: Rows) -> None:
-        """rows.token at rows.pos through every layer into rows.logits; their K and V into the
-        cache. One token (the decode step) runs each kernel once on 1-D buffers; m tokens run
-        the products on [m, ...] rows (each weight read once for all of them) and attention,
-        embedding and Gemma's post-norms token by token, in position order."""
-        c, w, ops = self.config, self.w, self.ops
-        singles = rows.singles()
-        for one in singles:
-            ops.embed(w.embed, one.token, one.h, scale=self.embed_scale)
-        for i, layer in enumerate(w.layers):
-            ops.gemv(rows.h, layer.wqkv, rows.qkv, norm=layer.ln1, eps=c.eps, bias=layer.bqkv)
-            cos, sin = self.tables[self.layer_rope[i]]
-            for one in singles:
-                ops.attention(one.qkv, self.k_cache[i], self.v_cache[i], cos, sin, one.pos,
-                              one.attn, scale=self.scale, window=c.windows[i],
-                              scratch=self.scratch, block_t=self.block_t,
-                              scales=self.cache.scales(i), q_norm=layer.q_norm,
-                              k_norm=layer.k_norm, eps=c.eps, rotary=self.rotary)
-            self._add(rows, singles, rows.attn, layer.wo, layer.bo, layer.post_attn)
-            ops.gemv(rows.h, layer.wgate, rows.act, norm=layer.ln2, eps=c.eps, up=layer.wup,
-                     act=c.act)
-            self._add(rows, singles, rows.act, layer.wdown, None, layer.post_mlp)
-        self._logits(rows.h, rows.logits)
+    def _forward(self, run: _Step | _Chunk) -> None:
+        """The decoder, the one place its layer is written: run.rows' tokens through every
+        layer, their K and V into the cache, then the head where the rows hold logits. The pass
+        `run` supplies the stages: `product` (the ops' gemv contract), and embed, attention and
+        post_norm on its rows."""
+        c, rows = self.config, run.rows
+        run.embed()
+        for i, layer in enumerate(self.w.layers):
+            run.product(rows.h, layer.wqkv, rows.qkv, norm=layer.ln1, eps=c.eps,
+                        bias=layer.bqkv)
+            run.attention(i, layer)
+            self._add(run, rows.attn, layer.wo, layer.bo, layer.post_attn)
+            run.product(rows.h, layer.wgate, rows.act, norm=layer.ln2, eps=c.eps, up=layer.wup,
+                        act=c.act)
+            self._add(run, rows.act, layer.wdown, None, layer.post_mlp)
+        if rows.logits is not None:
+            self._head(run.head_product, rows.h, rows.logits)
 
-    def _add(self, rows: Rows, singles: list[Rows], x, w, bias, post_norm) -> None:
-        """h += W x (+ b), or with a norm after the product (Gemma) h += rmsnorm(W x), the
-        norm token by token."""
+    def _add(self, run: _Step | _Chunk, x, w, bias, post_norm) -> None:
+        """h += W x (+ b), or with a norm after the product (Gemma) h += rmsnorm(W x)."""
         if post_norm is None:
-            self.ops.gemv(x, w, rows.h, bias=bias, accumulate=True)
+            run.product(x, w, run.rows.h, bias=bias, accumulate=True)
             return
-        self.ops.gemv(x, w, rows.out, bias=bias)
-        for one in singles:
-            self.ops.add_norm(one.out, post_norm, one.h, eps=self.config.eps)
+        run.product(x, w, run.rows.out, bias=bias)
+        run.post_norm(post_norm)
 
-    def _logits(self, x: torch.Tensor, logits: torch.Tensor) -> None:
+    def _head(self, product, x: torch.Tensor, logits: torch.Tensor) -> None:
+        """logits = Whead . rmsnorm(x) by `product` (the ops' gemv contract), soft-capped where
+        the config says."""
         c = self.config
-        self.ops.gemv(x, self.w.head, logits, norm=self.w.norm, eps=c.eps)
+        product(x, self.w.head, logits, norm=self.w.norm, eps=c.eps)
         if c.final_softcap is not None:
             logits.div_(c.final_softcap).tanh_().mul_(c.final_softcap)
 
@@ -430,13 +430,14 @@ class Decoder:
         positions already hold tokens[:keep], as a conversation's earlier turns left them), fill
         the cache, sample the next token into `token`, set `pos`; returns the last position's
         logits (fp32), or with `all_logits` every position's from `keep` on, [n - keep, vocab]
-        fp32 on the host (each chunk's through head_logits, moved off the device as the chunk
-        ends).
+        fp32 on the host (each chunk's by the step's head arithmetic, moved off the device as
+        the chunk ends).
 
         The prompt goes through in chunks of `chunk` tokens, every layer for one chunk before
-        the next, so that activations, products and attention scores scale with the chunk and
-        not with the prompt: a chunk's queries attend to the cache written so far, read back as
-        it holds them (with an fp8 cache, quantised), so that chunking changes nothing."""
+        the next, in buffers of one chunk's rows, so that activations, products and attention
+        scores scale with the chunk and not with the prompt: a chunk's queries attend to the
+        cache written so far, read back as it holds them (with an fp8 cache, quantised), so
+        that chunking changes nothing."""
         n = tokens.numel()
         if n == 0 or n >= self.capacity:
             raise FloorlineError(f"prefill of {n} tokens into a cache of {self.capacity}")
@@ -445,69 +446,109 @@ class Decoder:
         if not 0 <= keep < n:
             raise FloorlineError(f"prefill keeping {keep} of {n} tokens: at least one is new")
         every = torch.empty(n - keep, self.config.vocab) if all_logits else None
+        rows = Rows.allocate(self.config, self.w.dtype, self.w.device, min(chunk, n - keep),
+                             head=all_logits)
         for start in range(keep, n, chunk):
-            x = self._prefill_chunk(tokens[start:start + chunk], start, n)
+            part = rows.first(min(chunk, n - start))
+            part.token.copy_(tokens[start:start + part.m])
+            self._forward(_Chunk(self, part, start, n))
             if every is not None:
-                every[start - keep:start - keep + x.shape[0]] = self.head_logits(x).cpu()
+                every[start - keep:start - keep + part.m] = part.logits.cpu()
         # The last position's logits by the decode step's own head product (fp32 out).
-        self._logits(x[-1].contiguous(), self.logits)
+        self._head(self.ops.gemv, part.h[-1], self.logits)
         self.sampler(self.logits, self.token, self.argmax)
         self.pos.fill_(n)
         return every if every is not None else self.logits.clone()
 
-    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """The decode step's head over many positions, x [m, hidden] -> logits [m, vocab] fp32:
-        the final RMSNorm folded in and the product of the head as stored (an fp8 head with its
-        row scales) in fp32, as the step's GEMV computes it, soft-capped where the config says."""
-        c = self.config
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c.eps) * self.w.norm.float()
-        logits = x @ dense(self.w.head).T
-        if c.final_softcap is not None:
-            logits = logits.div_(c.final_softcap).tanh_().mul_(c.final_softcap)
-        return logits
 
-    def _prefill_chunk(self, tokens: torch.Tensor, start: int, prompt: int) -> torch.Tensor:
-        """Positions start .. start + len(tokens) - 1 of a `prompt`-token prompt through every
-        layer; their K and V into the cache; returns the chunk's residual stream (fp32)."""
-        c, w, dt = self.config, self.w, self.w.dtype
-        m = tokens.numel()
-        end = start + m
-        x = w.embed[tokens].float()
-        if self.embed_scale is not None:
-            x = x * self.embed_scale
-        tables = []
-        for rope, (cos, sin) in zip(self.ropes, self.tables):
-            positions = torch.arange(start, end)
+class _Step:
+    """The decode step's and verify's stages: the ops (kernels or their references) on the
+    rows' fixed buffers. m rows run the products on [m, ...] rows (each weight read once for
+    all of them) and attention, embedding and Gemma's post-norms token by token, in position
+    order."""
+
+    def __init__(self, decoder: Decoder, rows: Rows):
+        self.d, self.rows, self.singles = decoder, rows, rows.singles()
+        self.product = self.head_product = decoder.ops.gemv
+
+    def embed(self) -> None:
+        for one in self.singles:
+            self.d.ops.embed(self.d.w.embed, one.token, one.h, scale=self.d.embed_scale)
+
+    def attention(self, i: int, layer) -> None:
+        """q and k normed (Qwen3, Gemma) and rotated, K and V into the cache, attention."""
+        d, c = self.d, self.d.config
+        cos, sin = d.tables[d.layer_rope[i]]
+        for one in self.singles:
+            d.ops.attention(one.qkv, d.k_cache[i], d.v_cache[i], cos, sin, one.pos, one.attn,
+                            scale=d.scale, window=c.windows[i], scratch=d.scratch,
+                            block_t=d.block_t, scales=d.cache.scales(i), q_norm=layer.q_norm,
+                            k_norm=layer.k_norm, eps=c.eps, rotary=d.rotary)
+
+    def post_norm(self, weight) -> None:
+        """h += rmsnorm(out)."""
+        for one in self.singles:
+            self.d.ops.add_norm(one.out, weight, one.h, eps=self.d.config.eps)
+
+
+class _Chunk:
+    """A prefill chunk's stages, over its m rows at once (positions start .. start + m - 1 of a
+    `prompt`-token prompt), in PyTorch: each product a GEMM in the 16-bit dtype (x normalised
+    and rounded to it, a quantised W dequantised to it), attention by SDPA against the cache
+    written so far, and the head (every position's logits) in fp32 as the step computes it."""
+
+    head_product = staticmethod(gemv_reference)
+
+    def __init__(self, decoder: Decoder, rows: Rows, start: int, prompt: int):
+        self.d, self.rows, self.start, self.end = decoder, rows, start, start + rows.m
+        positions = torch.arange(start, self.end)
+        self.tables = []  # the chunk's cos and sin per rotary embedding
+        for rope, (cos, sin) in zip(decoder.ropes, decoder.tables):
             long = long_positions(rope, positions, prompt)
             if long is not None and bool(long.all()):  # a long prompt takes LongRoPE's long set
-                cos, sin = rotary_table(c, rope, positions, long)
-                tables.append((cos.to(x.device), sin.to(x.device)))
+                table = rotary_table(decoder.config, rope, positions, long)
+                self.tables.append(tuple(t.to(cos.device) for t in table))
             else:
-                tables.append((cos[start:end], sin[start:end]))
-        for i, layer in enumerate(w.layers):
-            cos, sin = tables[self.layer_rope[i]]
-            qkv = _linear(_rms_norm(x, layer.ln1, c.eps), layer.wqkv, layer.bqkv, dt)
-            q, k, v = qkv.split([c.heads * c.head_dim, c.kv_heads * c.head_dim,
-                                 c.kv_heads * c.head_dim], dim=-1)
-            q, k = q.view(m, c.heads, c.head_dim), k.view(m, c.kv_heads, c.head_dim)
-            if layer.q_norm is not None:
-                q, k = _rms_norm(q, layer.q_norm, c.eps), _rms_norm(k, layer.k_norm, c.eps)
-            q = _rotate(q, cos, sin, self.rotary).to(dt)
-            k = _rotate(k, cos, sin, self.rotary).to(dt)
-            self.cache.write(i, start, k.transpose(0, 1),
-                             v.view(m, c.kv_heads, c.head_dim).transpose(0, 1))
-            o = _chunk_attention(q, *self.cache.read(i, end, dt), start, c.windows[i],
-                                 self.scale)
-            o = _linear(o.transpose(0, 1).reshape(m, -1), layer.wo, layer.bo, dt).float()
-            x = x + (o if layer.post_attn is None else _rms_norm(o, layer.post_attn, c.eps))
-            hn = _rms_norm(x, layer.ln2, c.eps)
-            gate = _linear(hn, layer.wgate, None, dt)
-            gate = (torch.nn.functional.silu(gate) if c.act == "silu"
-                    else torch.nn.functional.gelu(gate, approximate="tanh"))
-            d = _linear(gate * _linear(hn, layer.wup, None, dt), layer.wdown, None, dt).float()
-            x = x + (d if layer.post_mlp is None else _rms_norm(d, layer.post_mlp, c.eps))
-        return x
+                self.tables.append((cos[start:self.end], sin[start:self.end]))
+
+    def embed(self) -> None:
+        self.rows.h.copy_(self.d.w.embed[self.rows.token])
+        if self.d.embed_scale is not None:
+            self.rows.h.mul_(self.d.embed_scale)
+
+    def product(self, x, w, out, *, norm=None, eps: float = 0.0, up=None, bias=None,
+                accumulate: bool = False, act: str = "silu") -> None:
+        dtype = self.d.w.dtype
+        if norm is not None:
+            x = _rms_norm(x, norm, eps)
+        y = _linear(x, w, bias, dtype)
+        if up is not None:  # the gated MLP's, stored
+            gate = (torch.nn.functional.silu(y) if act == "silu"
+                    else torch.nn.functional.gelu(y, approximate="tanh"))
+            torch.mul(gate, _linear(x, up, None, dtype), out=out)
+        elif accumulate:
+            out.add_(y)
+        else:
+            out.copy_(y)
+
+    def attention(self, i: int, layer) -> None:
+        d, c, m, dtype = self.d, self.d.config, self.rows.m, self.d.w.dtype
+        q, k, v = self.rows.qkv.split([c.heads * c.head_dim, c.kv_heads * c.head_dim,
+                                       c.kv_heads * c.head_dim], dim=-1)
+        q, k = q.view(m, c.heads, c.head_dim), k.view(m, c.kv_heads, c.head_dim)
+        if layer.q_norm is not None:
+            q, k = _rms_norm(q, layer.q_norm, c.eps), _rms_norm(k, layer.k_norm, c.eps)
+        cos, sin = self.tables[d.layer_rope[i]]
+        q = _rotate(q, cos, sin, d.rotary).to(dtype)
+        k = _rotate(k, cos, sin, d.rotary).to(dtype)
+        d.cache.write(i, self.start, k.transpose(0, 1),
+                      v.view(m, c.kv_heads, c.head_dim).transpose(0, 1))
+        o = _chunk_attention(q, *d.cache.read(i, self.end, dtype), self.start, c.windows[i],
+                             d.scale)
+        self.rows.attn.view(m, c.heads, c.head_dim).copy_(o.transpose(0, 1))
+
+    def post_norm(self, weight) -> None:
+        self.rows.h.add_(_rms_norm(self.rows.out, weight, self.d.config.eps))
 
 
 def _rms_norm(x, weight, eps):
