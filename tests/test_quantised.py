@@ -22,9 +22,10 @@ needs_bnb = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
 
 
 def test_reference_paths_keep_the_options():
-    assert reference_path("bnb-nf4+graphs") == "hf-static+graphs"
-    assert reference_path("torchao-int4+compile+graphs") == "hf-static+compile+graphs"
-    assert reference_path("hf-static") is None
+    assert reference_path(parse_path("bnb-nf4+graphs")) == "hf-static+graphs"
+    assert reference_path(parse_path("torchao-int4+compile+graphs")) == "hf-static+compile+graphs"
+    assert reference_path(parse_path("engine-int4+verify8")) == "engine+verify8"
+    assert reference_path(parse_path("hf-static")) is None
 
 
 @pytest.mark.parametrize("name", [n for n, p in REGISTRY.items()

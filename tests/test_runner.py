@@ -1,6 +1,9 @@
-"""The runner: every cell in a fresh child process. A child that dies by a signal, hangs past
-its timeout or runs out of memory is an invalid cell naming the cause, and the sweep goes on."""
+"""The runner: every cell in a fresh child process, a new interpreter or a fork of the warm
+worker. A child that dies by a signal, hangs past its timeout or runs out of memory is an
+invalid cell naming the cause, and the sweep goes on."""
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -12,20 +15,23 @@ import pytest
 
 from conftest import run_cli
 from floorline.hardware import lookup
+from floorline.measure import cell as cell_module
 from floorline.measure import runner
-from floorline.measure.cell import step_budget
+from floorline.measure.cell import CellRun, measure_cell, prepare_cell, step_budget
 from floorline.measure.explain import explain_in_child
 from floorline.measure.sweep import Sweep
 from floorline.models import resolve_model
-from floorline.records import CellKey
+from floorline.paths import parse_path
+from floorline.records import CellKey, CellResult
 from floorline.store import Store
 from floorline.timing import StepPlan
 from floorline.traffic import floor
 
-# A worker run in place of the runner's child: it misbehaves as the cell's context says, then
-# (where it is still alive) runs the real child. Memory is exhausted under a limit on the
+# A script run in place of the runner's child, or of the warm worker (its first argument
+# "worker"), whose forks then misbehave alike: each job misbehaves as the cell's context says,
+# then (where it is still alive) runs as the real one. Memory is exhausted under a limit on the
 # process's address space 256 MiB above what it holds, so that it cannot hurt the machine.
-WORKER = '''
+MISBEHAVING = '''
 import json, os, resource, signal, subprocess, sys, time
 
 def exhaust_memory():
@@ -37,34 +43,51 @@ def exhaust_memory():
     while True:
         hoard.append(bytearray(16 << 20))
 
-job = json.loads(sys.argv[1])["args"]
-ctx = job["key"]["ctx"] if "key" in job else job["ctx"]  # a cell's or an explanation's
-if ctx == 16:
-    os.kill(os.getpid(), signal.SIGKILL)
-if ctx == 24:  # hangs, with a grandchild holding its pipes
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    open(os.environ["PIDS_FILE"], "w").write(f"{os.getpid()} {sleeper.pid}")
-    time.sleep(600)
-if ctx == 48:  # before the job: the process dies of an uncaught MemoryError
-    exhaust_memory()
-if ctx == 56:  # as a native library that dereferences a bad pointer
-    os.kill(os.getpid(), signal.SIGSEGV)
-if ctx == 32:  # inside the cell, where its session would allocate the model
-    from floorline.measure import cell
-    cell.open_session = lambda *args, **kwargs: exhaust_memory()
-from floorline.measure.runner import main
-main(sys.argv[1:])
+def misbehave(job):
+    args = json.loads(job)["args"]
+    ctx = args["cell"]["key"]["ctx"] if "cell" in args else args["ctx"]  # a cell's, explain's
+    if ctx == 16:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if ctx == 24:  # hangs, with a grandchild holding its pipes
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        open(os.environ["PIDS_FILE"], "w").write(f"{os.getpid()} {sleeper.pid}")
+        time.sleep(600)
+    if ctx == 48:  # before the job: the process dies of an uncaught MemoryError
+        exhaust_memory()
+    if ctx == 56:  # as a native library that dereferences a bad pointer
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if ctx == 32:  # inside the cell, where its session would allocate the model
+        from floorline.measure import cell
+        cell.open_session = lambda *args, **kwargs: exhaust_memory()
+
+if sys.argv[1] == "worker":
+    from floorline.measure import worker
+    execute = worker.execute
+    worker.execute = lambda job: (misbehave(job), execute(job))
+    worker.main(sys.argv[2:])
+else:
+    misbehave(sys.argv[1])
+    from floorline.measure.runner import main
+    main(sys.argv[1:])
 '''
 GPU = lookup("l4")
+MODES = ["fresh", "warm"]  # each job a new interpreter, or forked from the warm worker
 
 
-@pytest.fixture
-def misbehaving_child(tmp_path, monkeypatch):
-    worker = tmp_path / "worker.py"
-    worker.write_text(WORKER)
-    monkeypatch.setattr(runner, "CHILD", [sys.executable, str(worker)])
+def jobs_in(mode: str):
+    """The runner's jobs, within this block, in new interpreters or forks of a warm worker."""
+    return runner.warm_worker("cpu") if mode == "warm" else contextlib.nullcontext()
+
+
+@pytest.fixture(params=MODES)
+def misbehaving_child(request, tmp_path, monkeypatch):
+    script = tmp_path / "misbehaving.py"
+    script.write_text(MISBEHAVING)
+    monkeypatch.setattr(runner, "CHILD", [sys.executable, str(script)])
+    monkeypatch.setattr(runner, "WORKER", [sys.executable, str(script), "worker"])
     monkeypatch.setenv("PIDS_FILE", str(tmp_path / "pids"))
-    return tmp_path
+    with jobs_in(request.param):
+        yield tmp_path
 
 
 def key(ctx: int) -> CellKey:
@@ -141,12 +164,106 @@ def test_how_a_child_without_a_result_is_described(returncode, stderr, reason):
     assert runner.failure(returncode, stderr) == reason
 
 
-def test_a_cell_comes_back_from_its_child_whole():
+@pytest.mark.parametrize("mode", MODES)
+def test_a_cell_comes_back_from_its_child_whole(mode):
     five = CellKey("tiny-llama", 8, "hf-eager", 5, 1)
-    cell = runner.run_cell_in_child(five, "cpu", GPU, seed=3)
+    with jobs_in(mode):
+        cell = runner.run_cell_in_child(five, "cpu", GPU, seed=3)
     assert cell.key == five and cell.status == "valid" and cell.details["seed"] == 3
     assert len(cell.samples_ms) == 5 and cell.summary["median_ms"] == sorted(cell.samples_ms)[2]
     assert cell.fraction_of_floor == cell.floor["floor_ms"] / cell.summary["median_ms"]
+    # The same cell as one measured in this process, but for what the clock and the host give.
+    here = measure_cell(five, "cpu", GPU, seed=3)
+    timed = {"samples_ms", "summary", "details"}
+    varying = {"host_load", "host_warning", "clocks_after_timing", "drift"}
+    assert {k: v for k, v in cell.as_dict().items() if k not in timed} == \
+        {k: v for k, v in here.as_dict().items() if k not in timed}
+    assert ({k: v for k, v in cell.details.items() if k not in varying}
+            == {k: v for k, v in json.loads(json.dumps(here.details)).items()
+                if k not in varying})
+
+
+@pytest.mark.parametrize("path", ["engine-int4+verify8", "bnb-nf4+graphs",
+                                  "hf-static+compile+graphs"])
+def test_the_child_gets_the_prepared_cell_as_the_parent_decided_it(path):
+    # What the parent sends (JSON) is what it decided: the path parsed, the budget, the cell.
+    cell, run = prepare_cell(CellKey("tiny-qwen2", 256, path, 64, "auto"),
+                             resolve_model("tiny-qwen2"), "cuda", lookup("h200"), 0)
+    assert run.path == parse_path(path)
+    assert CellRun.from_dict(json.loads(json.dumps(run.as_dict()))) == run
+    assert CellResult.from_dict(json.loads(json.dumps(cell.as_dict()))) == cell
+
+
+def test_a_cell_parses_its_path_once(monkeypatch):
+    # Prepared here and measured in the child (run in this process, its arguments through
+    # JSON as they travel): the path is parsed once, by prepare_cell, and never in the child.
+    def in_process(target, args, timeout_s):
+        module, function = target.split(":")
+        return getattr(sys.modules[module], function)(**json.loads(json.dumps(args)))
+
+    parsed = []
+    monkeypatch.setattr(runner, "run_in_child", in_process)
+    monkeypatch.setattr(cell_module, "parse_path",
+                        lambda text: parsed.append(text) or parse_path(text))
+    cell = runner.run_cell_in_child(CellKey("tiny-llama", 8, "hf-eager", 2, 0), "cpu", GPU)
+    assert cell.status == "valid" and len(cell.samples_ms) == 2 and parsed == ["hf-eager"]
+
+
+# A job module for the warm worker's forks: what each sees of the process it runs in.
+VISITOR = '''
+import os, signal, sys, time
+
+from floorline.measure import cell
+
+
+def visit(mark):
+    seen = getattr(cell, "visited", None)  # a module the worker imported before forking
+    cell.visited = mark
+    return {"pid": os.getpid(), "parent": os.getppid(), "seen": seen,
+            "torch": "torch" in sys.modules}
+
+
+def kill_worker():
+    os.kill(os.getppid(), signal.SIGKILL)
+    time.sleep(600)
+'''
+
+
+@pytest.fixture
+def visitor(tmp_path, monkeypatch):
+    (tmp_path / "visitor.py").write_text(VISITOR)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+
+
+def test_each_job_forked_from_the_warm_worker_has_a_process_of_its_own(visitor):
+    with runner.warm_worker("cpu"):
+        a, b = [runner.run_in_child("visitor:visit", {"mark": m}) for m in ("a", "b")]
+    assert len({a["pid"], b["pid"], os.getpid()}) == 3
+    assert a["parent"] == b["parent"] != os.getpid()  # one worker forked both
+    assert a["torch"] and b["torch"]  # imported there before either began
+    assert a["seen"] is None and b["seen"] is None  # nothing left by the job before
+
+
+def test_where_fork_is_unsafe_each_job_is_a_new_interpreter(visitor, monkeypatch):
+    monkeypatch.setattr(runner, "FORKS", False)  # as off Linux
+    with runner.warm_worker("cpu"):
+        job = runner.run_in_child("visitor:visit", {"mark": "a"})
+    assert job["parent"] == os.getpid() and not job["torch"]
+
+
+def test_on_a_gpu_each_job_is_a_new_interpreter(visitor):
+    # a CUDA driver initialised in the worker would leave its forks without the GPU
+    with runner.warm_worker("cuda"):
+        job = runner.run_in_child("visitor:visit", {"mark": "a"})
+    assert job["parent"] == os.getpid() and not job["torch"]
+
+
+def test_a_warm_worker_that_dies_takes_only_its_job_with_it(visitor):
+    with runner.warm_worker("cpu"):
+        with pytest.raises(runner.ChildFailed, match=r"^killed by SIGKILL \(perhaps out of"):
+            runner.run_in_child("visitor:kill_worker", {})
+        first = runner.run_in_child("visitor:visit", {"mark": "a"})
+        assert first["seen"] is None and first["torch"]  # a new worker forked it
 
 
 def test_one_step_budget_for_cells_sessions_and_explanations():
@@ -166,30 +283,35 @@ def test_one_step_budget_for_cells_sessions_and_explanations():
     assert (b.plan.warmup_cap, b.plan.steps_cap, b.prompt) == (512, 2048, 500)
 
 
-def test_a_child_dies_with_its_parent(tmp_path):
+@pytest.mark.parametrize("mode", MODES)
+def test_a_child_dies_with_its_parent(tmp_path, mode):
     # A parent killed outright cannot stop its child; the kernel does, so that no orphaned
-    # cell goes on holding the device.
+    # cell goes on holding the device. A forked job dies with its worker, which dies with the
+    # parent.
     (tmp_path / "sleepy.py").write_text(
         "import os, time\n"
         "def nap(pid_file):\n"
-        "    open(pid_file, 'w').write(str(os.getpid()))\n"
+        "    open(pid_file + '.tmp', 'w').write(f'{os.getpid()} {os.getppid()}')\n"
+        "    os.rename(pid_file + '.tmp', pid_file)\n"
         "    time.sleep(600)\n")
     pid_file = tmp_path / "child.pid"
+    jobs = "warm_worker(\"cpu\")" if mode == "warm" else "contextlib.nullcontext()"
     parent = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from floorline.measure.runner import run_in_child; "
-                               f"run_in_child('sleepy:nap', {{'pid_file': {str(pid_file)!r}}})"],
+        [sys.executable, "-c", "import contextlib; from floorline.measure.runner import *\n"
+                               f"with {jobs}: run_in_child('sleepy:nap', "
+                               f"{{'pid_file': {str(pid_file)!r}}})"],
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])})
     deadline = time.monotonic() + 120
-    while not pid_file.exists() or not pid_file.read_text():
+    while not pid_file.exists():
         assert time.monotonic() < deadline and parent.poll() is None
         time.sleep(0.1)
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
-    child = int(pid_file.read_text())
+    pids = [int(p) for p in pid_file.read_text().split()]  # the job's, and its parent's
     deadline = time.monotonic() + 10
-    while not gone(child) and time.monotonic() < deadline:
+    while not all(gone(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert gone(child)
+    assert all(gone(p) for p in pids)
 
 
 @pytest.mark.parametrize("command, value", [
@@ -218,7 +340,8 @@ def marked(mark: str) -> list[int]:
 
 
 def runner_children(pid: int) -> list[int]:
-    """The children of `pid` that run the runner's child (not yet while only forked)."""
+    """The children of `pid` that run the runner's child or its warm worker (not yet while only
+    forked)."""
     kids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -226,15 +349,16 @@ def runner_children(pid: int) -> list[int]:
             command = (stat.parent / "cmdline").read_bytes()
         except (OSError, IndexError):
             continue
-        if ppid == pid and b"floorline.measure.runner" in command:
+        if ppid == pid and any(m in command for m in (b"floorline.measure.runner",
+                                                     b"floorline.measure.worker")):
             kids.append(int(stat.parent.name))
     return kids
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_a_sweep_killed_as_its_cell_starts_leaves_no_process(tmp_path, sig):
-    # Killed while its child is still starting (importing torch): the child goes with it, not
-    # at the end of its cell.
+    # Killed while its child (the warm worker) is still starting (importing torch): the child
+    # goes with it, not at the end of its cell.
     mark = f"FLOORLINE_TEST_MARK={tmp_path.name}-{sig.name}"
     name, value = mark.split("=")
     sweep = subprocess.Popen(
@@ -263,7 +387,8 @@ def test_a_child_that_cannot_start_stops_the_command_in_one_line(tmp_path, comma
     python = tmp_path / "python"
     python.write_text("")  # not executable
     floorline = ("import sys; from floorline.measure import runner; "
-                 "runner.CHILD[0] = sys.argv.pop(1); from floorline.cli import main; main()")
+                 "runner.CHILD[0] = runner.WORKER[0] = sys.argv.pop(1); "
+                 "from floorline.cli import main; main()")
     proc = subprocess.run([sys.executable, "-c", floorline, str(python), *command, "--device",
                            "cpu", "--gpu", "l4", "--db", str(tmp_path / "r.db")],
                           capture_output=True, text=True, timeout=300)

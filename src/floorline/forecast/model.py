@@ -13,7 +13,7 @@ elementwise, sampling) are latency-bound and their cost per kernel is carried as
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from floorline.errors import FloorlineError
 from floorline.forecast.calibration import Calibration
@@ -101,8 +101,7 @@ def _explain_for(cal: Calibration, path: str) -> dict | None:
     """The path's own explain, else one of its graph-replayed twin (same kernels), else any of
     its family, preferring its kind."""
     path_spec = parse_path(path)
-    twin = (path if path_spec.graphs
-            else parse_path(path.replace("+graphs", "") + "+graphs").name)
+    twin = path if path_spec.graphs else replace(path_spec, graphs=True).name
     ranked = sorted((e for e in cal.explanations if family(e["path"]) == family(path)),
                     key=lambda e: (e["path"] != path, e["path"] != twin,
                                    kind(e["path"]) != kind(path)))
@@ -136,7 +135,7 @@ def weight_fraction(cal: Calibration, path: str, terms: dict[str, Term]) -> Term
     small kernels, against its weight bytes (median over cells). A host-bound path takes its
     graph-replayed twin's (same kernels), else explain's matrix-vector time, else the probe."""
     path_spec = parse_path(path)
-    source_path = path if path_spec.graphs else parse_path(path + "+graphs").name \
+    source_path = path if path_spec.graphs else replace(path_spec, graphs=True).name \
         if family(path).startswith(TRANSFORMERS) else path
     eta_a = terms["attention's fraction of peak"].value
     values = []

@@ -198,15 +198,17 @@ def summarise_sessions(plan: Plan, sessions: list[SessionResult]) -> ABSummary:
 
 def check_plan(plan: Plan) -> None:
     model_spec = resolve_model(plan.model, plan.trust_remote_code)
-    for arm in (plan.a, plan.b):
-        require_available(parse_path(arm), plan.device)
+    specs = {arm: parse_path(arm) for arm in (plan.a, plan.b)}
+    for spec in specs.values():
+        require_available(spec, plan.device)
     if plan.sessions < 1 or plan.steps < 1 or plan.block < 1:
         raise FloorlineError("sessions, steps and block must be at least 1")
     if plan.warmup is not None and plan.warmup < 0:
         raise FloorlineError("warm-up must be 'auto' or at least 0")
     # A context that leaves no room for a session's steps is refused here.
     for arms in [(plan.a, plan.b)] if plan.paired else [(plan.a,), (plan.b,)]:
-        job_budget(_job(plan, arms, 0), model_spec.max_context)
+        job_budget(_job(plan, arms, 0), model_spec.max_context,
+                   any(specs[arm].graphs for arm in arms))
 
 
 def run_ab(plan: Plan, on_session: Callable[[SessionResult], None] = lambda s: None) -> ABSummary:

@@ -14,7 +14,7 @@ from floorline.measure.reduction import reference_path
 from floorline.measure.steadiness import unsteady_reason
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, PathUnavailable, open_session, parse_path, unavailable
-from floorline.paths.base import GRAPH_WARMUP_STEPS, compile_mode
+from floorline.paths.base import GRAPH_WARMUP_STEPS, PathSpec, compile_mode
 from floorline.records import INVALID, UNSTEADY, VALID, CellKey, CellResult
 from floorline.stats import summarise
 from floorline.timing import StepPlan, run_plan
@@ -40,6 +40,23 @@ class Budget:
     decode: int  # the most steps run after the prompt
     graph: int  # of which the graph's warm-up before capture
     energy: int = 0  # more steps for the energy windows (measure/energy.py), on a GPU
+
+
+@dataclass(frozen=True)
+class CellRun:
+    """What prepare_cell decided for a cell that can run, passed whole to its process: the path,
+    parsed once, and the budget."""
+    path: PathSpec
+    budget: Budget
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CellRun:
+        budget = data["budget"]
+        return cls(PathSpec(**data["path"]),
+                   Budget(**{**budget, "plan": StepPlan(**budget["plan"])}))
 
 
 def step_budget(plan: StepPlan, ctx: int, limit: int | None, *, graphs: bool, arms: int = 1,
@@ -73,10 +90,11 @@ def check_floor(f):
 
 
 def prepare_cell(key: CellKey, model_spec, device: str, gpu: DeviceSpec,
-                 seed: int) -> tuple[CellResult, Budget | None]:
+                 seed: int) -> tuple[CellResult, CellRun | None]:
     """The cell of `model_spec` (resolved) before it runs: invalid, with its floor and what it will
-    run, and its budget; no budget, and the reason, where it cannot run here (a floor of
-    impossible bytes, no room for its steps, a path unavailable). Cheap: no model is built."""
+    run, and its path and budget; none, and the reason, where it cannot run here (a floor of
+    impossible bytes, no room for its steps, a path unavailable). Cheap: no model is built. The
+    one place a cell's path is parsed."""
     path_spec = parse_path(key.path)
     path = REGISTRY[path_spec.base]
     cell = CellResult(key, gpu.name, INVALID)
@@ -90,7 +108,7 @@ def prepare_cell(key: CellKey, model_spec, device: str, gpu: DeviceSpec,
     if path.reference is not None:
         ref = REGISTRY[path.reference]
         ref_floor = floor(model_spec, gpu, key.ctx, ref.weight_format, ref.kv_dtype)
-        cell.details["reference"] = {"path": reference_path(key.path),
+        cell.details["reference"] = {"path": reference_path(path_spec),
                                      "total_bytes": ref_floor.total_bytes}
     if path_spec.compile:
         cell.details["compile_mode"] = compile_mode(device)
@@ -115,29 +133,32 @@ def prepare_cell(key: CellKey, model_spec, device: str, gpu: DeviceSpec,
     if reason is not None:
         cell.reason = f"path unavailable: {reason}"
         return cell, None
-    return cell, budget
+    return cell, CellRun(path_spec, budget)
 
 
 def measure_cell(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
                  trust_remote_code: bool = False) -> CellResult:
-    """Measure one cell (in the runner's child process): open the path, prefill, warm up, time
-    and close; every failure a user can meet comes back as an invalid cell, and a cell whose
-    steps were not steady, or whose `--steps auto` interval stayed wider than asked
+    """Prepare and measure one cell in this process (measure_prepared)."""
+    model_spec = resolve_model(key.model, trust_remote_code)
+    cell, run = prepare_cell(key, model_spec, device, gpu, seed)
+    return cell if run is None else measure_prepared(cell, run, model_spec, device, seed)
+
+
+def measure_prepared(cell: CellResult, run: CellRun, model_spec, device: str,
+                     seed: int) -> CellResult:
+    """Measure a prepared cell (in the runner's child process): open the path, prefill, warm
+    up, time and close; every failure a user can meet comes back as an invalid cell, and a cell
+    whose steps were not steady, or whose `--steps auto` interval stayed wider than asked
     (measure/steadiness.py), as an unsteady one, its figures kept. The host's load at its start
     and end is in details["host_load"], and where the host was busy, a sentence in
     details["host_warning"] (measure/host.py)."""
     import torch
 
-    model_spec = resolve_model(key.model, trust_remote_code)
-    cell, budget = prepare_cell(key, model_spec, device, gpu, seed)
-    if budget is None:
-        return cell
-    path_spec, prompt = parse_path(key.path), budget.prompt
-    session = None
+    budget, prompt, session = run.budget, run.budget.prompt, None
     load_start = host_load(device)
     try:
         with torch.no_grad():
-            session = open_session(path_spec, model_spec, device,
+            session = open_session(run.path, model_spec, device,
                                    prompt + budget.decode + budget.energy, seed)
             session.prefill(prompt)
             cell.details.update(session.prefill_details())

@@ -28,7 +28,7 @@ from floorline.measure.cell import Budget, check_floor, step_budget
 from floorline.measure.fingerprint import fingerprint_key
 from floorline.measure.runner import TIMEOUT_S, run_in_child
 from floorline.models import resolve_model
-from floorline.paths import REGISTRY, open_session, parse_path
+from floorline.paths import REGISTRY, PathSpec, open_session, parse_path
 from floorline.stats import summarise
 from floorline.store import Store
 from floorline.timing import StepPlan, run_plan
@@ -139,10 +139,11 @@ def split_problem(d: dict) -> str | None:
     return None
 
 
-def budget(path: str, steps: int, warmup: int | None, ctx: int, limit: int | None) -> Budget:
+def budget(path_spec: PathSpec, steps: int, warmup: int | None, ctx: int,
+           limit: int | None) -> Budget:
     """Warm-up, the timed steps and as many profiled ones after them, within the model's
     `limit` of positions."""
-    return step_budget(StepPlan(warmup, steps), ctx, limit, graphs=parse_path(path).graphs,
+    return step_budget(StepPlan(warmup, steps), ctx, limit, graphs=path_spec.graphs,
                        extra=steps)
 
 
@@ -150,9 +151,9 @@ def check_context(model_name: str, ctx: int, path: str, gpu: DeviceSpec, steps: 
                   warmup: int | None) -> None:
     """One line where the sweep would call this cell invalid: a context (with the steps run
     after it) above the model's positions, or a floor of impossible bytes."""
-    model_spec = resolve_model(model_name)
-    budget(path, steps, warmup, ctx, model_spec.max_context)
-    runtime = REGISTRY[parse_path(path).base]
+    model_spec, path_spec = resolve_model(model_name), parse_path(path)
+    budget(path_spec, steps, warmup, ctx, model_spec.max_context)
+    runtime = REGISTRY[path_spec.base]
     check_floor(floor(model_spec, gpu, ctx, runtime.weight_format, runtime.kv_dtype))
 
 
@@ -170,7 +171,7 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     activities = [ProfilerActivity.CPU]
     if device.startswith("cuda"):
         activities.append(ProfilerActivity.CUDA)
-    fit = budget(path, steps, warmup, ctx, model_spec.max_context)
+    fit = budget(path_spec, steps, warmup, ctx, model_spec.max_context)
     # Kineto writes its own start and stop lines to stderr unless told otherwise.
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")
     with torch.no_grad():

@@ -35,7 +35,7 @@ from floorline.hardware import DeviceSpec
 from floorline.measure.cell import failure_reason, release
 from floorline.measure.texts import PROMPTS, evaluation_text, text_digest
 from floorline.models import resolve_model
-from floorline.paths import REGISTRY, parse_path, unavailable
+from floorline.paths import REGISTRY, PathSpec, parse_path, unavailable
 from floorline.records import INVALID, VALID, QualityKey, QualityResult
 from floorline.stats import mean_interval
 
@@ -84,7 +84,7 @@ def prepare_quality(key: QualityKey, model_spec, device: str,
                     gpu: DeviceSpec) -> tuple[QualityResult, bool]:
     """The measurement before it runs, invalid, and whether it can run: not for random weights,
     a path that cannot run here, or windows longer than the model's positions. Cheap: no model
-    is built."""
+    is built, and the key's path, a base path (quality_key), is not parsed again."""
     path = REGISTRY[key.path]
     result = QualityResult(key, gpu.name, INVALID)
     result.details = {"device": device, "weight_format": path.weight_format,
@@ -92,7 +92,7 @@ def prepare_quality(key: QualityKey, model_spec, device: str,
     limit = model_spec.max_context
     if not model_spec.has_real_weights:
         result.reason = RANDOM_WEIGHTS
-    elif (reason := unavailable(parse_path(key.path), device)) is not None:
+    elif (reason := unavailable(PathSpec(key.path), device)) is not None:
         result.reason = f"not measured: path unavailable: {reason}"
     elif not path.real_weights(model_spec):
         result.reason = (f"not measured: {key.path} does not run the weights of "

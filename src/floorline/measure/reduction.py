@@ -9,17 +9,16 @@ so 100% means every byte saved came off the step, 0% none, and below 0 the step 
 
 from __future__ import annotations
 
-from floorline.paths import REGISTRY, parse_path
+from dataclasses import replace
+
+from floorline.paths import REGISTRY, PathSpec
 from floorline.store import CellRow
 
 
-def reference_path(path_name: str) -> str | None:
+def reference_path(path_spec: PathSpec) -> str | None:
     """`bnb-nf4+graphs` -> `hf-static+graphs`: the 16-bit path this one is measured against."""
-    path_spec = parse_path(path_name)
     ref = REGISTRY[path_spec.base].reference
-    if ref is None:
-        return None
-    return ref + path_name[len(path_spec.base):]
+    return None if ref is None else replace(path_spec, base=ref).name
 
 
 def reductions(rows: list[CellRow]) -> dict[int, dict]:

@@ -44,13 +44,13 @@ def block_order(first: int, rounds: int) -> list[int]:
     return [first, second, second, first] * rounds
 
 
-def job_budget(job: Job, limit: int | None) -> Budget:
+def job_budget(job: Job, limit: int | None, graphs: bool) -> Budget:
     """Each arm's warm-up and timed steps (two arms: every block of the timed rounds, which
-    may pass `steps`) and the prompt, within the model's `limit` of positions."""
+    may pass `steps`) and the prompt, within the model's `limit` of positions; `graphs`: whether
+    an arm captures its step."""
     arms = len(job.arms)
     timed = job.steps if arms == 1 else 2 * -(-job.steps // (2 * job.block)) * job.block
-    return step_budget(StepPlan(job.warmup, timed), job.ctx, limit,
-                       graphs=any(parse_path(a).graphs for a in job.arms), arms=arms)
+    return step_budget(StepPlan(job.warmup, timed), job.ctx, limit, graphs=graphs, arms=arms)
 
 
 def run_job(job: Job) -> dict:
@@ -61,7 +61,7 @@ def run_job(job: Job) -> dict:
     model_spec = resolve_model(job.model, job.trust_remote_code)
     specs = [parse_path(a) for a in job.arms]
     rounds = -(-job.steps // (2 * job.block))
-    budget = job_budget(job, model_spec.max_context)
+    budget = job_budget(job, model_spec.max_context, any(s.graphs for s in specs))
     prompt, plan = budget.prompt, budget.plan
     with torch.no_grad():
         base = PathSpec(specs[0].base, specs[0].compile)

@@ -15,7 +15,7 @@ from floorline.measure.cell import failure_reason
 from floorline.measure.runner import TIMEOUT_S, ChildFailed, run_in_child
 from floorline.measure.texts import WORKLOADS, text_digest
 from floorline.models import resolve_model
-from floorline.paths import REGISTRY, parse_path, unavailable
+from floorline.paths import REGISTRY, PathSpec, parse_path, unavailable
 from floorline.paths.engine import EnginePath
 from floorline.records import (
     AUTO,
@@ -144,13 +144,14 @@ def prepare_speculation(key: SpeculationKey, model_spec, device: str, gpu: Devic
                         trust_remote_code: bool = False) -> tuple[SpeculationResult, bool]:
     """The measurement before it runs, invalid, and whether it can run: not for random
     weights (what a drafter gets right depends on a trained model's replies), a path that
-    cannot run here, or a draft model without trained weights. Cheap: no model is built."""
+    cannot run here, or a draft model without trained weights. Cheap: no model is built, and
+    the key's path, a base path (speculation_key), is not parsed again."""
     result = SpeculationResult(key, gpu.name, INVALID, details={"device": device,
                                                                  "peak_source": gpu.source})
     if not model_spec.has_real_weights:
         result.reason = ("not measured: random weights (acceptance depends on a trained "
                          "model's replies)")
-    elif (reason := unavailable(parse_path(key.path), device)) is not None:
+    elif (reason := unavailable(PathSpec(key.path), device)) is not None:
         result.reason = f"not measured: path unavailable: {reason}"
     else:
         try:

@@ -27,6 +27,7 @@ from floorline.cli.options import (
 )
 from floorline.cli.render import out, progress_bar, speculation_table
 from floorline.errors import FloorlineError
+from floorline.measure.runner import warm_worker
 from floorline.measure.speculation import LOOKUP, drafter_source, speculation_key
 from floorline.measure.sweep import Sweep, run_each
 from floorline.measure.texts import WORKLOADS
@@ -83,7 +84,7 @@ def speculate_cmd(
                                    "gpu": asdict(runner.gpu), "force": force,
                                    "trust_remote_code": trust_remote_code,
                                    "timeout_s": timeout_s, "db": str(db)}, label)
-    with progress_bar() as progress:
+    with warm_worker(device), progress_bar() as progress:
         task = progress.add_task("speculate", total=len(keys))
         measured = run_each(keys, runner.run_speculation, lambda key: progress.update(
             task, description=escape(f"{model_label(key.model)} {key.path} {key.drafter}: "

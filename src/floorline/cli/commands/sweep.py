@@ -48,6 +48,7 @@ from floorline.measure.quality import (
     quality_key,
     quality_path,
 )
+from floorline.measure.runner import warm_worker
 from floorline.measure.runs import open_run
 from floorline.measure.sweep import Grid, Sweep, check_grid, default_grid, stored_cells
 from floorline.models import model_label, resolve_model
@@ -123,7 +124,7 @@ def sweep(
         err.print(f"No CUDA device: running on the CPU; floor bandwidth "
                   f"{device_spec.peak_gbps:g} GB/s {device_spec.source}", highlight=False,
                   markup=False)
-    with progress_bar() as progress:
+    with warm_worker(device), progress_bar() as progress:
         task = progress.add_task("sweep", total=len(keys) + len(quality_keys))
 
         def cell_started(key) -> None:
@@ -238,7 +239,7 @@ def quality_cmd(
                                  "gpu": asdict(runner.gpu), "force": force, "seed": seed,
                                  "trust_remote_code": trust_remote_code, "timeout_s": timeout_s,
                                  "db": str(db)}, label)
-    with progress_bar() as progress:
+    with warm_worker(device), progress_bar() as progress:
         task = progress.add_task("quality", total=len(keys))
         measured = runner.run_qualities(
             keys, lambda key: progress.update(task, description=escape(
