@@ -126,6 +126,35 @@ def test_the_rows_product_matches_the_reference(fmt, dtype, fusion):
     assert torch.allclose(mine.float(), theirs.float(), rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "int4", "fp8"])
+@pytest.mark.parametrize("fusion", ["plain", "norm-bias", "swiglu"])
+def test_the_rows_kernel_is_given_only_what_a_gpu_compiler_takes(fmt, fusion, monkeypatch):
+    # The interpreter takes any object for a pointer; on a GPU Triton specialises each argument
+    # and refuses anything but tensors and scalars (a quantised weight passed where there was no
+    # bias failed every int4 verify step on an H100).
+    from floorline.engine.kernels import rows
+    from floorline.engine.quant import quantise
+
+    launched = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append(args)
+
+    monkeypatch.setattr(rows, "_rows_kernel", Recorder())
+    n, k = 64, 128
+    w, up = ((torch.randn(n, k) * 0.05).to(torch.bfloat16) for _ in range(2))
+    if fmt != "bf16":
+        w, up = (quantise(t, fmt, group_size=64) for t in (w, up))
+    x, out = torch.randn(3, k), torch.empty(3, n, dtype=torch.bfloat16)
+    options = {"plain": {}, "swiglu": {"up": up},
+               "norm-bias": {"norm": torch.ones(k, dtype=torch.bfloat16),
+                             "bias": torch.zeros(n, dtype=torch.bfloat16)}}[fusion]
+    rows.rows_product(x, w, out, **options)
+    (args,) = launched
+    assert all(isinstance(a, (torch.Tensor, int, float)) for a in args), [type(a) for a in args]
+
+
 @pytest.mark.parametrize("text, message", [
     ("engine+verify1", "K from 2 to 16"), ("engine+verify17", "K from 2 to 16"),
     ("engine+verifyx", "K from 2 to 16"), ("hf-eager+verify4", "on the engine's paths only"),

@@ -289,7 +289,8 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
             emitted = None
         if cuda:
             end.record()
-        emitted = emitted or [engine.token.item()]  # waits for the step
+            end.synchronize()  # a speculative step's tokens came back before its last kernels
+        emitted = emitted or [engine.token.item()]
         decode_s += time.perf_counter() - t0
         if cuda:
             device_ms += start.elapsed_time(end)

@@ -150,8 +150,10 @@ def rows_product(x, w, out, *, norm=None, eps: float = 0.0, up=None, bias=None,
                   if t is not None and t.dtype in (torch.bfloat16, torch.float16)), torch.float32)
     dot = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16,
            torch.float16: tl.float16}[dtype]
+    # unread pointers stand in where there is no bias or norm: tensors, which the GPU's
+    # compiler specialises (a quantised weight's object it cannot)
     _rows_kernel[(triton.cdiv(n, block_n),)](
-        x, *mats, w if bias is None else bias, x if norm is None else norm, out, m, n, k, eps,
+        x, *mats, x if bias is None else bias, x if norm is None else norm, out, m, n, k, eps,
         NORM=norm is not None, SWIGLU=up is not None, GELU=act == "gelu_tanh",
         BIAS=bias is not None, ACCUMULATE=accumulate, FORMAT=fmt, GROUP=group,
         SPLIT=dtype != torch.float32, EMULATE=not x.is_cuda, DOT=dot, BLOCK_M=BLOCK_M,
