@@ -18,7 +18,9 @@ rm -f $ALL $ALL-wal $ALL-shm
 $PY -m floorline merge $ALL $R/h200-study/h200.db $R/h200-study/h200_eager_repeat.db \
   $R/h200-engine/h200_engine.db $R/h200-engine-quant/h200_engine_quant.db \
   $R/h200-engine-retimed/h200_engine_quant_retimed.db $R/h200-engine-longctx/h200_engine_longctx.db \
-  $R/h200-engine-kvfp8/h200_engine_kvfp8.db $R/h200-quantised/h200_quantised.db
+  $R/h200-engine-kvfp8/h200_engine_kvfp8.db $R/h200-quantised/h200_quantised.db \
+  $R/h200-engine-families/h200_engine_families.db $R/h200-engine-tokens/h200_engine_tokens.db \
+  $R/h200-engine-energy/h200_engine_energy.db $R/h200-engine-runs/h200_engine_runs.db
 # One self-contained file to commit: no write-ahead log beside it.
 $PY -c 'import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute("PRAGMA journal_mode=DELETE")' $ALL
 rm -rf docs/report-h200
