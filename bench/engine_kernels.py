@@ -29,17 +29,12 @@ from floorline.models import resolve_model
 from floorline.timing import rotation_copies
 
 
-def gemv_rows(c: DecoderConfig, ops: TritonOps, weights: str = "bf16",
-              head: str = "bf16") -> list[dict]:
-    def draw(*shape, dtype=torch.bfloat16):
-        return torch.empty(shape, dtype=dtype, device="cuda").normal_(0, 0.02)
-
-    def matrix(n, k, is_head):
-        return quantise(draw(n, k), head if is_head else weights)
-
+def product_shapes(c: DecoderConfig) -> list[tuple]:
+    """The step's products: name, N, K, flags, x dtype, out dtype (the head's name starts
+    "lm head")."""
     # Gemma: o and down write a buffer that add_norm normalises into the residual stream
     into = "" if c.gemma else "+residual"
-    shapes = [  # name, N, K, flags, x dtype, out dtype
+    return [
         ("qkv+norm+bias" if c.qkv_bias else "qkv+norm", c.qkv_rows, c.hidden,
          dict(norm=True, bias=c.qkv_bias), torch.float32, torch.bfloat16),
         ("o" + into, c.hidden, c.heads * c.head_dim, dict(accumulate=not c.gemma),
@@ -50,8 +45,18 @@ def gemv_rows(c: DecoderConfig, ops: TritonOps, weights: str = "bf16",
          torch.float32),
         ("lm head+norm", c.vocab, c.hidden, dict(norm=True), torch.float32, torch.float32),
     ]
+
+
+def gemv_rows(c: DecoderConfig, ops: TritonOps, weights: str = "bf16",
+              head: str = "bf16") -> list[dict]:
+    def draw(*shape, dtype=torch.bfloat16):
+        return torch.empty(shape, dtype=dtype, device="cuda").normal_(0, 0.02)
+
+    def matrix(n, k, is_head):
+        return quantise(draw(n, k), head if is_head else weights)
+
     rows = []
-    for name, n, k, flags, x_dtype, out_dtype in shapes:
+    for name, n, k, flags, x_dtype, out_dtype in product_shapes(c):
         mats = 2 if flags.get("up") else 1
         is_head = name.startswith("lm head")
         ws = [[matrix(n, k, is_head) for _ in range(mats)]]

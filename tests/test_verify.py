@@ -68,8 +68,15 @@ def test_a_verify_step_equals_k_single_steps(spec, formats):
     assert torch.allclose(e.logits, reference.logits, rtol=1e-5, atol=1e-5)
 
 
-def test_the_kernels_verify_as_the_reference_does():
-    # the Triton products for several rows and the per-token attention, in the interpreter
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_the_kernels_verify_as_the_reference_does(split_k, monkeypatch):
+    # the Triton products for several rows and the per-token attention, in the interpreter;
+    # split, every rows product's splits meet in partials shared by the layers' launches
+    from floorline.engine import tuning
+    from floorline.engine.kernels.gemv import GemvConfig
+
+    if split_k > 1:
+        monkeypatch.setattr(tuning, "default_config", lambda w: GemvConfig(16, 16, split_k=2))
     spec = resolve_model("tiny-llama")
     mine, theirs = engine(spec, backend="triton"), engine(spec)
     for e in (mine, theirs):
@@ -95,13 +102,17 @@ def test_a_verify_step_past_the_cache_or_too_long_is_refused():
                                         ("int4", torch.float32), ("int4", torch.bfloat16),
                                         ("fp8", torch.float32), ("fp8", torch.bfloat16)])
 @pytest.mark.parametrize("fusion", ["norm-bias", "swiglu", "gelu", "accumulate"])
-def test_the_rows_product_matches_the_reference(fmt, dtype, fusion):
-    from floorline.engine.kernels.gemv import gemv_reference
+@pytest.mark.parametrize("split_k", [1, 2, 3])
+def test_the_rows_product_matches_the_reference(fmt, dtype, fusion, split_k):
+    from floorline.engine.kernels.gemv import GemvConfig, SplitPartials, gemv_reference
     from floorline.engine.kernels.rows import rows_product
     from floorline.engine.quant import quantise
 
     torch.manual_seed(0)
-    m, n, k = 5, 96, 192  # n not a multiple of the block: masked columns
+    # n not a multiple of the block: masked columns; K split into uneven runs of whole tiles
+    # (16-bit and fp8: 200 = 128 + 72 in two, or 128 + 72 + nothing in three; int4's groups of
+    # 64: 192 = 128 + 64, or three of 64)
+    m, n, k = 5, 96, 192 if fmt == "int4" else 200
 
     def matrix():
         w = (torch.randn(n, k) * 0.05).to(dtype)
@@ -115,24 +126,51 @@ def test_the_rows_product_matches_the_reference(fmt, dtype, fusion):
     if accumulate:
         x = x.to(dtype)  # a product into the residual rows takes the 16-bit activations
     out_dtype = torch.float32 if accumulate else dtype
-    mine, theirs = (torch.randn(m, n).to(out_dtype) for _ in range(2))
-    theirs.copy_(mine)
+    start = torch.randn(m, n).to(out_dtype)
+    theirs = start.clone()
     options = dict(norm=norm, eps=1e-6, up=up, bias=bias, accumulate=accumulate,
                    act="gelu_tanh" if fusion == "gelu" else "silu")
-    rows_product(x, w, mine, **options)
     gemv_reference(x, w, theirs, **options)
-    # fp32: IEEE dots; 16-bit: x in two 16-bit parts (about 2^-16), then the output's rounding
-    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
-    assert torch.allclose(mine.float(), theirs.float(), rtol=tolerance, atol=tolerance)
+    # split: 64 columns (masked) and tiles of 64 a program; unsplit: the default launch
+    config = GemvConfig(64, 64, split_k=split_k) if split_k > 1 else None
+    partials = SplitPartials()
+    for _ in range(2):  # the second launch finds the partials and counts the first left
+        mine = start.clone()
+        rows_product(x, w, mine, config=config, partials=partials, **options)
+        # fp32: IEEE dots; 16-bit: x in two 16-bit parts (about 2^-16), then the output's
+        # rounding
+        tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+        assert torch.allclose(mine.float(), theirs.float(), rtol=tolerance, atol=tolerance)
+    assert all(not t.any() for buffers in partials._buffers.values() for t in buffers)
+    # only a K-split of a product that stores, normalises or gates meets in partials
+    assert bool(partials._buffers) == (split_k > 1 and not accumulate)
+
+
+def test_the_rows_product_refuses_a_launch_it_cannot_run():
+    from floorline.engine.kernels.gemv import GemvConfig
+    from floorline.engine.kernels.rows import rows_product
+    from floorline.engine.quant import quantise
+
+    w = torch.randn(32, 128)
+    x, out = torch.randn(2, 128), torch.empty(2, 32)
+    with pytest.raises(ValueError, match="needs partials"):
+        rows_product(x, w, out, config=GemvConfig(32, 64, split_k=2))
+    with pytest.raises(ValueError, match="tiles of at least 16"):
+        rows_product(x, w, out, config=GemvConfig(8, 64))
+    with pytest.raises(ValueError, match="one group of 64 a tile"):
+        rows_product(x, quantise(w, "int4", group_size=64), out, config=GemvConfig(32, 128))
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "int4", "fp8"])
 @pytest.mark.parametrize("fusion", ["plain", "norm-bias", "swiglu"])
-def test_the_rows_kernel_is_given_only_what_a_gpu_compiler_takes(fmt, fusion, monkeypatch):
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_the_rows_kernel_is_given_only_what_a_gpu_compiler_takes(fmt, fusion, split_k,
+                                                                 monkeypatch):
     # The interpreter takes any object for a pointer; on a GPU Triton specialises each argument
     # and refuses anything but tensors and scalars (a quantised weight passed where there was no
     # bias failed every int4 verify step on an H100).
     from floorline.engine.kernels import rows
+    from floorline.engine.kernels.gemv import GemvConfig, SplitPartials
     from floorline.engine.quant import quantise
 
     launched = []
@@ -150,7 +188,9 @@ def test_the_rows_kernel_is_given_only_what_a_gpu_compiler_takes(fmt, fusion, mo
     options = {"plain": {}, "swiglu": {"up": up},
                "norm-bias": {"norm": torch.ones(k, dtype=torch.bfloat16),
                              "bias": torch.zeros(n, dtype=torch.bfloat16)}}[fusion]
-    rows.rows_product(x, w, out, **options)
+    # split, the partials' buffers go in where they meet (plain: an unread stand-in)
+    rows.rows_product(x, w, out, config=GemvConfig(64, 64, split_k=split_k),
+                      partials=SplitPartials(), **options)
     (args,) = launched
     assert all(isinstance(a, (torch.Tensor, int, float)) for a in args), [type(a) for a in args]
 
@@ -201,4 +241,67 @@ def test_the_rows_kernel_compiles_for_hopper():
     proc = subprocess.run([sys.executable, "engine_rows_sass.py"], cwd=bench, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert len(proc.stdout.splitlines()) == 9
+    assert len(proc.stdout.splitlines()) == 14  # 9 unsplit, 5 split along K
+
+
+def test_the_rows_tuner_times_each_candidate_and_keeps_the_fastest(tmp_path, monkeypatch):
+    # a fake timer (the CPU has no CUDA graph to replay): each candidate's launches are run and
+    # recorded, and a cost per configuration returned; one candidate cannot launch at all
+    from triton.runtime.errors import OutOfResources
+
+    from floorline.engine import tuning
+    from floorline.engine.kernels.rows import default_config
+
+    monkeypatch.setenv("FLOORLINE_CACHE", str(tmp_path))
+    monkeypatch.setattr(tuning, "rotation_copies", lambda nbytes, device: 2)
+    launched = []
+    monkeypatch.setattr(tuning, "rows_product",
+                        lambda x, w, out, *, config, **options: launched.append((x, config)))
+    n, k = 96, 512
+    configs = tuning.rows_candidates(k)
+    fastest, too_big = configs[5], configs[0]
+    assert fastest.split_k == 1 and any(c.split_k > 1 for c in configs)
+
+    def timer(run):
+        launched.clear()
+        run()
+        (config,) = {c for _, c in launched}
+        assert len(launched) == 2 and launched[0][0].shape == (tuning.ROWS, k)
+        if config == too_big:
+            raise OutOfResources(300000, 232448, "shared memory")
+        return 2 * (1.0 if config == fastest else 2.0 + configs.index(config))
+
+    w = (torch.randn(n, k) * 0.05).to(torch.bfloat16)
+    out = torch.empty(3, n, dtype=torch.bfloat16)
+    flags = dict(norm=True, up=False, bias=True, accumulate=False)
+    assert tuning.GemvTuner("cpu").config(w, out, rows=True, **flags) == default_config(w)
+    tuner = tuning.GemvTuner("cpu", timer=timer)
+    assert tuner.config(w, out, rows=True, **flags) == fastest
+    key = tuner.key(w, out, rows=True, **flags)
+    assert key == "cpu|96x512|torch.bfloat16->torch.bfloat16|bias,norm|rows"
+    assert tuner.table[key]["us"] == 1.0 and not tuner.seen  # in-step tuning is the GEMV's
+    again = tuning.GemvTuner("cpu")  # the table on disk, read back
+    assert again.current(key) == fastest
+    assert again.config(w, out, rows=True, **flags) == default_config(w)  # the CPU's, untuned
+    launched.clear()
+    tuning.GemvTuner("cpu", timer=timer).config(w, out, rows=True, **flags)
+    assert not launched  # a shape in the table is not timed again
+
+
+def test_a_rows_tuning_entry_with_tiles_under_the_tensor_cores_is_one_line(tmp_path,
+                                                                          monkeypatch):
+    import json
+
+    from floorline.engine.tuning import GemvTuner
+
+    monkeypatch.setenv("FLOORLINE_CACHE", str(tmp_path))
+    table = tmp_path / "engine-gemv.json"
+    entry = {"block_n": 8, "block_k": 64, "num_warps": 4, "split_k": 2, "num_stages": 3}
+    table.write_text(json.dumps({"g|8x64|torch.bfloat16->torch.float32|": entry}))
+    assert len(GemvTuner("cpu").table) > 1  # a GEMV may take 8 rows a program
+    table.write_text(json.dumps({"g|8x64|torch.bfloat16->torch.float32||rows": entry}))
+    with pytest.raises(FloorlineError) as raised:
+        GemvTuner("cpu")
+    assert str(raised.value) == (
+        f"cannot read the GEMV tuning table {table} (entry 'g|8x64|torch.bfloat16->torch.float32"
+        "||rows': block_n is 8, not a power of two from 16 to 1024); delete it to tune again")

@@ -53,7 +53,8 @@ class ReferenceOps:
 
 
 class TritonOps:
-    """floorline's kernels; GEMV launch configurations from the per-GPU tuning table."""
+    """floorline's kernels; the GEMV's and rows product's launch configurations from the per-GPU
+    tuning table."""
 
     name = "triton"
 
@@ -70,11 +71,9 @@ class TritonOps:
 
     def gemv(self, x, w, out, *, norm=None, eps: float = 0.0, up=None, bias=None,
              accumulate: bool = False, act: str = "silu") -> None:
-        if x.dim() == 2:  # several rows: a verify step
-            rows.rows_product(x, w, out, norm=norm, eps=eps, up=up, bias=bias,
-                              accumulate=accumulate, act=act)
-            return
+        several = x.dim() == 2  # rows of a verify step
         config = self.tuner.config(w, out, norm=norm is not None, up=up is not None,
-                                   bias=bias is not None, accumulate=accumulate)
-        self._gemv(x, w, out, config=config, norm=norm, eps=eps, up=up, bias=bias,
-                   accumulate=accumulate, act=act, partials=self.partials)
+                                   bias=bias is not None, accumulate=accumulate, rows=several)
+        product = rows.rows_product if several else self._gemv
+        product(x, w, out, config=config, norm=norm, eps=eps, up=up, bias=bias,
+                accumulate=accumulate, act=act, partials=self.partials)

@@ -1,4 +1,5 @@
-"""The GEMV kernel's launch configuration, tuned once per GPU and shape and kept on disk.
+"""The GEMV kernel's launch configuration, and the rows product's (the verify step's,
+floorline.engine.kernels.rows), tuned once per GPU and shape and kept on disk.
 
 A configuration is timed the way the step runs it: launches replayed from a CUDA graph, each on
 another copy of the weights so that the copies together overflow L2 four times (a step reads
@@ -9,6 +10,10 @@ measured by this project).
 Inside the step a kernel overlaps its neighbours (programmatic dependent launch), so the
 configuration fastest alone need not be fastest there: tune_in_step searches again with the
 whole step as the timer (bench/engine_step_tune.py drives it on a GPU).
+
+The rows product's entries share the table and its fields (a GemvConfig; words unused), their
+keys marked "|rows". Its rows are padded to 16 whatever their number, so one entry serves every
+verify step of a shape; it is timed on 8 rows.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from pathlib import Path
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
 from floorline import graphs
 from floorline.engine.kernels.gemv import GemvConfig, SplitPartials, gemv
+from floorline.engine.kernels.rows import default_config, rows_product
 from floorline.engine.quant import Fp8Weight, Int4Weight, nbytes, quantise_fp8
 from floorline.errors import FloorlineError
 from floorline.localcache import cache_dir
@@ -62,6 +69,32 @@ def candidates(k: int, group: int | None = None) -> list[GemvConfig]:
     configs += [GemvConfig(bn, bk, w, s) for bn, bk, w, s in SPLITS]
     configs += [GemvConfig(bn, min(bk, widest), w, 1, stages)
                 for bn, bk, w in SHAPES[3:6] for stages in (2, 4)]
+    return list(dict.fromkeys(c for c in configs if c.fits(k)))
+
+
+# The rows product: (block_n, block_k, warps), then (..., splits along K); the tiles' dots go
+# through the tensor cores with all rows at once, so fewer, wider column blocks than the GEMV's,
+# and splits where N / block_n programs are too few to keep enough of W in flight (Qwen2.5-7B's
+# o and down: 56 blocks of 64 on 132 SMs). A few also with shallower and deeper pipelines.
+ROWS_SHAPES = [(64, 64, 4), (64, 128, 4), (64, 128, 8), (64, 256, 8), (32, 128, 4),
+               (32, 256, 4), (16, 256, 4)]
+ROWS_SPLITS = [(64, 128, 4, 2), (64, 128, 4, 4), (32, 128, 4, 2), (32, 128, 4, 4),
+               (32, 256, 4, 4), (16, 256, 4, 4), (64, 64, 4, 8), (32, 128, 4, 8)]
+# int4 reads one group a tile: (block_n, warps, splits)
+ROWS_INT4 = [(64, 4, 1), (64, 8, 1), (32, 4, 1), (16, 4, 1), (64, 4, 2), (32, 4, 2), (64, 4, 4),
+             (32, 4, 4), (16, 4, 4), (32, 4, 8)]
+ROWS = 8  # rows of x the rows product is timed on
+
+
+def rows_candidates(k: int, group: int | None = None) -> list[GemvConfig]:
+    """The rows product's tables above, splits no smaller than a tile; `group` as candidates'."""
+    if group is not None:
+        configs = [GemvConfig(bn, group, w, s) for bn, w, s in ROWS_INT4]
+    else:
+        configs = [GemvConfig(bn, bk, w) for bn, bk, w in ROWS_SHAPES]
+        configs += [GemvConfig(bn, bk, w, s) for bn, bk, w, s in ROWS_SPLITS]
+        configs += [GemvConfig(bn, bk, w, 1, stages)
+                    for bn, bk, w in (ROWS_SHAPES[1], ROWS_SHAPES[4]) for stages in (2, 4)]
     return list(dict.fromkeys(c for c in configs if c.fits(k)))
 
 
@@ -108,16 +141,19 @@ def random_like(w, generator):
 # entry (32 warps: a program's 1024 threads; 16 words: a group of 128's word positions).
 LAUNCH_FIELDS = {"block_n": (True, 1024), "block_k": (True, 65536), "num_warps": (True, 32),
                  "split_k": (False, 1024), "num_stages": (False, 16), "words": (True, 16)}
+ROWS_KEY = "|rows"  # the end of a rows product's key
+ROWS_LEAST = {"block_n": 16, "block_k": 16}  # its tiles' dots: the tensor cores' smallest
 
 
-def _launch_problem(entry: dict) -> str | None:
+def _launch_problem(key: str, entry: dict) -> str | None:
     """What is wrong with a table entry's launch fields, or None."""
     for name, (power_of_two, most) in LAUNCH_FIELDS.items():
         value = entry.get(name, 1)  # a field with a default may be absent
-        if (type(value) is not int or not 1 <= value <= most
+        least = ROWS_LEAST.get(name, 1) if key.endswith(ROWS_KEY) else 1
+        if (type(value) is not int or not least <= value <= most
                 or (power_of_two and value & (value - 1))):
             what = "a power of two" if power_of_two else "an integer"
-            return f"{name} is {value!r}, not {what} from 1 to {most}"
+            return f"{name} is {value!r}, not {what} from {least} to {most}"
     return None
 
 
@@ -132,7 +168,7 @@ def _read_table(path: Path) -> dict:
                 isinstance(v, dict) and fields <= v.keys() for v in table.values()):
             raise ValueError("not a table of GEMV launch configurations")
         for key, entry in table.items():
-            problem = _launch_problem(entry)
+            problem = _launch_problem(key, entry)
             if problem:
                 raise ValueError(f"entry '{key}': {problem}")
     except (ValueError, OSError) as e:  # JSONDecodeError is a ValueError
@@ -142,29 +178,38 @@ def _read_table(path: Path) -> dict:
 
 
 class GemvTuner:
-    def __init__(self, device):
+    """Launch configurations of the GEMV and of the rows product (rows=True) by key, timed by
+    `timer` (fn -> microseconds of one call; on CUDA time_graph) at a shape's first use. With
+    no timer (the CPU's interpreter) nothing is tuned: each kernel's fixed default."""
+
+    def __init__(self, device, timer=None):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.gpu = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
+        self.timer = timer or (time_graph if self.cuda else None)
         self.file = cache_dir() / "engine-gemv.json"
-        self.seen = {}  # key -> (K, int4 group or None) of each shape looked up, in order
+        self.seen = {}  # key -> (K, int4 group or None) of each GEMV shape looked up, in order
         self.table = {}
         for source in sorted(SHIPPED.glob("*.json")) + [self.file]:
             if source.is_file():
                 self.table.update(_read_table(source))
 
-    def key(self, w, out, **flags) -> str:
+    def key(self, w, out, rows: bool = False, **flags) -> str:
         on = ",".join(name for name, value in sorted(flags.items()) if value)
-        return f"{self.gpu}|{w.shape[0]}x{w.shape[1]}|{kind(w)}->{out.dtype}|{on}"
+        key = f"{self.gpu}|{w.shape[0]}x{w.shape[1]}|{kind(w)}->{out.dtype}|{on}"
+        return key + ROWS_KEY if rows else key
 
-    def config(self, w, out, *, norm: bool, up: bool, bias: bool,
-               accumulate: bool) -> GemvConfig:
-        if not self.cuda:
-            return interpreter_config(w.shape[1], group_of(w))
-        key = self.key(w, out, norm=norm, up=up, bias=bias, accumulate=accumulate)
-        self.seen.setdefault(key, (w.shape[1], group_of(w)))
+    def config(self, w, out, *, norm: bool, up: bool, bias: bool, accumulate: bool,
+               rows: bool = False) -> GemvConfig:
+        """The launch for W into `out`: the GEMV's, or with `rows` the rows product's."""
+        if self.timer is None:
+            return default_config(w) if rows else interpreter_config(w.shape[1], group_of(w))
+        key = self.key(w, out, rows, norm=norm, up=up, bias=bias, accumulate=accumulate)
+        if not rows:  # in-step tuning (tune_in_step) takes the GEMV's shapes
+            self.seen.setdefault(key, (w.shape[1], group_of(w)))
         if key not in self.table:
-            best, us = self.tune(w, out, norm=norm, up=up, bias=bias, accumulate=accumulate)
+            best, us = self.tune(w, out, norm=norm, up=up, bias=bias, accumulate=accumulate,
+                                 rows=rows)
             weight_bytes = nbytes(w) * (2 if up else 1)
             self.use(key, best, us=round(us, 2), gbps=round(weight_bytes / us / 1e3, 1))
             self.save(key)
@@ -188,8 +233,11 @@ class GemvTuner:
         tmp.write_text(json.dumps(mine, indent=1, sort_keys=True))
         tmp.replace(self.file)
 
-    def tune(self, w, out, *, norm, up, bias, accumulate) -> tuple[GemvConfig, float]:
-        """The fastest candidate for this shape and its microseconds per product."""
+    def tune(self, w, out, *, norm, up, bias, accumulate,
+             rows: bool = False) -> tuple[GemvConfig, float]:
+        """The fastest candidate for this shape and its microseconds per product (with `rows`:
+        the rows product's on ROWS rows); one the GPU cannot launch (OutOfResources: shared
+        memory or registers) is passed over."""
         n, k = w.shape
         copies = rotation_copies(nbytes(w) * (2 if up else 1), self.device)
 
@@ -204,17 +252,23 @@ class GemvTuner:
 
         mats = [(random_like(w, generator), random_like(w, generator) if up else None)
                 for _ in range(copies)]
-        x = draw(k, dtype=torch.float32) if norm else draw(k)  # the residual stream is fp32
+        lead = (ROWS,) if rows else ()
+        # the residual stream is fp32
+        x = draw(*lead, k, dtype=torch.float32) if norm else draw(*lead, k)
         extras = dict(norm=draw(k) if norm else None, eps=1e-6, bias=draw(n) if bias else None,
                       accumulate=accumulate)
-        y = torch.zeros(n, dtype=out.dtype, device=self.device)
+        y = torch.zeros(*lead, n, dtype=out.dtype, device=self.device)
         partials = SplitPartials()
+        product = rows_product if rows else gemv
         results = []
-        for config in candidates(k, group_of(w)):
+        for config in (rows_candidates if rows else candidates)(k, group_of(w)):
             def run(config=config):
                 for m, u in mats:
-                    gemv(x, m, y, config=config, up=u, partials=partials, **extras)
-            results.append((time_graph(run) / copies, config))
+                    product(x, m, y, config=config, up=u, partials=partials, **extras)
+            try:
+                results.append((self.timer(run) / copies, config))
+            except OutOfResources:
+                continue
         us, best = min(results, key=lambda r: r[0])
         return best, us
 

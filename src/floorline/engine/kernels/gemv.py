@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from floorline.engine.kernels.arrival import last_to_arrive
+from floorline.engine.kernels.arrival import meet_in_partials
 from floorline.engine.kernels.launch import pdl_options
 from floorline.engine.quant import Fp8Weight, Int4Weight, dense
 
@@ -59,10 +59,13 @@ class SplitPartials:
     def __init__(self):
         self._buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def get(self, n: int, blocks: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (n, blocks, str(device))
-        if key not in self._buffers:  # gate and up sums, then each block's sum of squares
-            self._buffers[key] = (torch.zeros(2 * n + blocks, dtype=torch.float32, device=device),
+    def get(self, n: int, blocks: int, device, rows: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """For a product of `n` outputs per row of x in `blocks` blocks (`rows`: the rows
+        product's padded rows of x, floorline.engine.kernels.rows)."""
+        key = (n, blocks, rows, str(device))
+        if key not in self._buffers:  # gate and up sums, then each block's sums of squares
+            self._buffers[key] = (torch.zeros(rows * (2 * n + blocks), dtype=torch.float32,
+                                              device=device),
                                   torch.zeros(blocks, dtype=torch.int32, device=device))
         return self._buffers[key]
 
@@ -132,24 +135,10 @@ def _epilogue(y, y_up, sum_squares, rows, row_ok, pid_n, pid_k, bias_ptr, out_pt
     """What both kernels do with a block of dot products: finish it, or with REDUCE add it to
     the block's partials, and finish the block if this is the last of its splits to arrive."""
     if REDUCE:
-        tl.atomic_add(part_ptr + rows, y, mask=row_ok, sem="relaxed")
-        if SWIGLU:
-            tl.atomic_add(part_ptr + N + rows, y_up, mask=row_ok, sem="relaxed")
-        if NORM:
-            tl.atomic_add(part_ptr + 2 * N + pid_n, sum_squares, sem="relaxed")
-        if last_to_arrive(count_ptr + pid_n, SPLIT_K):
-            # read where the atomics landed (adding zero), then zeroed for the next launch
-            # (Triton's CPU interpreter has no floating-point exchange)
-            y = tl.atomic_add(part_ptr + rows, 0.0, mask=row_ok, sem="relaxed")
-            tl.store(part_ptr + rows, 0.0, mask=row_ok)
-            if SWIGLU:
-                y_up = tl.atomic_add(part_ptr + N + rows, 0.0, mask=row_ok, sem="relaxed")
-                tl.store(part_ptr + N + rows, 0.0, mask=row_ok)
-            if NORM:
-                sum_squares = tl.atomic_add(part_ptr + 2 * N + pid_n, 0.0, sem="relaxed")
-                tl.store(part_ptr + 2 * N + pid_n, 0.0)
-            tl.store(count_ptr + pid_n, 0)
-            # the block's sums are whole: finished as a first (and only) split would be
+        last, y, y_up, sum_squares = meet_in_partials(
+            y, y_up, sum_squares, rows, row_ok, pid_n, part_ptr, part_ptr + N, part_ptr + 2 * N,
+            count_ptr + pid_n, SWIGLU, NORM, SPLIT_K)
+        if last:  # the block's sums are whole: finished as a first (and only) split would be
             _finish(y, y_up, sum_squares, rows, row_ok, 0, bias_ptr, out_ptr, K, eps, NORM,
                     SWIGLU, BIAS, ACCUMULATE, GELU)
     else:
