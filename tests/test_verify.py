@@ -288,6 +288,25 @@ def test_the_rows_tuner_times_each_candidate_and_keeps_the_fastest(tmp_path, mon
     assert not launched  # a shape in the table is not timed again
 
 
+def test_a_shape_no_candidate_can_launch_is_refused_in_one_line(tmp_path, monkeypatch):
+    from triton.runtime.errors import OutOfResources
+
+    from floorline.engine import tuning
+
+    monkeypatch.setenv("FLOORLINE_CACHE", str(tmp_path))
+    monkeypatch.setattr(tuning, "rotation_copies", lambda nbytes, device: 1)
+
+    def timer(run):
+        raise OutOfResources(300000, 232448, "shared memory")
+
+    w = (torch.randn(32, 256) * 0.05).to(torch.bfloat16)
+    out = torch.empty(3, 32, dtype=torch.bfloat16)
+    with pytest.raises(FloorlineError, match=r"^no launch of the rows product of a 32x256 "
+                                             r"torch.bfloat16 matrix fits the cpu's"):
+        tuning.GemvTuner("cpu", timer=timer).config(w, out, rows=True, norm=False, up=False,
+                                                    bias=False, accumulate=True)
+
+
 def test_a_rows_tuning_entry_with_tiles_under_the_tensor_cores_is_one_line(tmp_path,
                                                                           monkeypatch):
     import json

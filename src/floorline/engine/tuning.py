@@ -269,6 +269,10 @@ class GemvTuner:
                 results.append((self.timer(run) / copies, config))
             except OutOfResources:
                 continue
+        if not results:
+            what = "rows product" if rows else "GEMV"
+            raise FloorlineError(f"no launch of the {what} of a {n}x{k} {kind(w)} matrix fits "
+                                 f"the {self.gpu}'s shared memory and registers")
         us, best = min(results, key=lambda r: r[0])
         return best, us
 
