@@ -1,8 +1,9 @@
-"""The warm worker: one process per sweep that imports torch and floorline's measuring modules
-once, then forks a fresh process for each job, which so starts without the seconds a new
-interpreter spends importing them. Each job still runs in a process of its own (a cell never
-shares one with another, nor sees what an earlier one left in a module), in a process group of
-its own, and dies with the worker, which dies with the sweep (PR_SET_PDEATHSIG both times).
+"""The warm worker: one process per sweep that imports torch, floorline's measuring modules
+and transformers' model classes once, then forks a fresh process for each job, which so starts
+without the seconds a new interpreter spends importing them. Each job still runs in a process
+of its own (a cell never shares one with another, nor sees what an earlier one left in a
+module), in a process group of its own, and dies with the worker, which dies with the sweep
+(PR_SET_PDEATHSIG both times).
 
 A process that has initialised CUDA cannot fork one that uses it: the worker only imports, and
 checks that torch has not initialised CUDA before it forks anything.
@@ -33,12 +34,13 @@ from floorline.measure.child import die_with, execute, start
 # loaded, and no kernel ties a child's life to its parent's; there each job starts a fresh
 # interpreter (measure/runner.py).
 FORKS = sys.platform.startswith("linux")
-# Named, not imported at the top: they import the runner, which imports this module. With them,
-# transformers' model classes and caches, which every transformers path and every model built
-# from a config imports first (about 3 s a cell on 2 cores).
-MEASURING_MODULES = ("floorline.measure.runner", "floorline.measure.session",
-                     "floorline.measure.speculation", "floorline.measure.explain",
-                     "transformers.models.auto.modeling_auto", "transformers.cache_utils")
+# What the worker imports before it forks: floorline's measuring modules (named, not imported
+# at the top: they import the runner, which imports this module), and transformers' model
+# classes and caches, which every transformers path and every model built from a config
+# imports first (about 3 s a cell on 2 cores).
+PRELOADED = ("floorline.measure.runner", "floorline.measure.session",
+             "floorline.measure.speculation", "floorline.measure.explain",
+             "transformers.models.auto.modeling_auto", "transformers.cache_utils")
 JOB_BYTES = 1 << 20  # room for one job's message, larger than the socket lets one be
 
 
@@ -127,7 +129,7 @@ def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
     import torch  # what every job imports first, and the seconds saved
 
-    for module in MEASURING_MODULES:
+    for module in PRELOADED:
         importlib.import_module(module)
     if torch.cuda.is_initialized():
         raise RuntimeError("the warm worker has initialised CUDA, which its forks could not use")
