@@ -31,6 +31,7 @@ from floorline.cli.options import (
 )
 from floorline.cli.render import err, num, out, progress_bar
 from floorline.hardware import lookup
+from floorline.measure.runner import warm_worker
 from floorline.models import resolve_model
 from floorline.paths import parse_path
 
@@ -80,6 +81,7 @@ def ab(
 
     with contextlib.ExitStack() as stack:
         if cluster is None:
+            stack.enter_context(warm_worker(device))
             bench = here(plan, named_gpu)
         else:  # the GPU, environment and paths are the workers'
             bench = fleet.ab_bench(stack.enter_context(fleet.Fleet(cluster)), plan, named_gpu)
