@@ -99,11 +99,13 @@ def rows_candidates(k: int, group: int | None = None) -> list[GemvConfig]:
 
 
 def interpreter_config(k: int, group: int | None = None) -> GemvConfig:
-    """Few, large programs: the interpreter's cost is per program, not per byte."""
+    """Few, large programs: the interpreter's cost is per program, not per byte (128 columns
+    a program: 16 made the tests' decodes 3-5x slower); a tiny model's wider products still span
+    several programs, its narrower ones one with a ragged edge."""
     if group is not None:
-        return GemvConfig(16, group * min(triton.next_power_of_2(max(1, k // group)),
+        return GemvConfig(128, group * min(triton.next_power_of_2(max(1, k // group)),
                                           max(1, 256 // group)), words=min(2, group // 8))
-    return GemvConfig(16, min(256, max(16, triton.next_power_of_2(k))))
+    return GemvConfig(128, min(256, max(16, triton.next_power_of_2(k))))
 
 
 def group_of(w) -> int | None:
