@@ -83,7 +83,7 @@ def test_ab_end_to_end_paired_with_three_fresh_sessions(tmp_path):
 
 
 def test_ab_unpaired_runs_each_arm_in_its_own_session():
-    with runner.warm_worker("cpu"):  # as the command runs it on the CPU: a fork per session
+    with runner.warm_worker("cpu"):  # as the command runs it on the CPU: a fork per arm
         out = run_ab(Plan("hf-eager", "hf-static", "tiny-qwen2", 16, "cpu", "l4", sessions=2,
                           steps=4, block=2, warmup=1, seed=3))
     assert not out.plan.paired and len(out.ok) == 2

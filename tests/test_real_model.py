@@ -46,9 +46,9 @@ def prompt_ids(tokenizer, prompt) -> list[int]:
 
 def engine_greedy(engine, ids: list[int], steps: int, until_not: list[int] | None = None
                   ) -> list[int]:
-    """The engine's greedy tokens after `ids` (no stop at EOS: every prompt runs `steps`); the
-    prefill starts the engine's stream anew. With `until_not`, it stops at the first token that
-    differs from that list's."""
+    """The engine's greedy tokens after `ids`, `steps` of them (no stop at EOS), or with
+    `until_not` up to the first that differs from that list's; the prefill starts the engine's
+    stream anew."""
     engine.prefill(torch.tensor(ids))
     out = [engine.token.item()]
     while len(out) < steps and (until_not is None or out[-1] == until_not[len(out) - 1]):

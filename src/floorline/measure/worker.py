@@ -1,6 +1,7 @@
-"""The warm worker: one process per sweep that imports torch, floorline's measuring modules
-and transformers' model classes once, then forks a fresh process for each job, which so starts
-without the seconds a new interpreter spends importing them. Each job still runs in a process
+"""The warm worker: one process per command (a sweep, an A/B, ...) that imports torch,
+floorline's measuring modules and engine, and transformers' model code once, then forks a fresh
+process for each job, which so starts without the seconds a new interpreter spends importing
+them. Each job still runs in a process
 of its own (a cell never shares one with another, nor sees what an earlier one left in a
 module), in a process group of its own, and dies with the worker, which dies with the sweep
 (PR_SET_PDEATHSIG both times).
@@ -133,11 +134,12 @@ def main(argv: list[str]) -> None:
     import torch  # what every job imports first, and the seconds saved
 
     for module in PRELOADED:
-        importlib.import_module(module)
+        with suppress(ImportError):  # only a head start: a job imports what it needs itself
+            importlib.import_module(module)
     if torch.cuda.is_initialized():
         raise RuntimeError("the warm worker has initialised CUDA, which its forks could not use")
     # What was imported is never garbage: a fork's collections (a job releases its model with
-    # two) then skip it, about 0.2 s each, and leave its pages shared with the worker.
+    # two) then skip it, saving about 0.2 s each, and leave its pages shared with the worker.
     gc.freeze()
     worker = os.getpid()
     while True:
