@@ -3,10 +3,10 @@
 A job names a function ("module:function") and its keyword arguments; the child calls it and
 prints its JSON-able result on one tagged line (measure/child.py). The child is a new
 interpreter, `python -m floorline.measure.runner JOB_JSON`, or, within warm_worker(), a fork of
-a warm worker that has imported torch once (measure/worker.py). A sweep's cell, an A/B session,
-an explanation and a path's quality measurement all run this way, so that a native library that
-crashes, hangs or runs out of memory loses that one job, not the command: the job comes back as
-a failure naming the cause.
+a warm worker that has imported torch and the measuring code once (measure/worker.py). A
+sweep's cell, an A/B session, an explanation and a path's quality measurement all run this way,
+so that a native library that crashes, hangs or runs out of memory loses that one job, not the
+command: the job comes back as a failure naming the cause.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ _worker: Worker | None = None  # while warm_worker() is entered where fork is sa
 @contextmanager
 def warm_worker(device: str) -> Iterator[None]:
     """Within it, each job's fresh process is forked from one warm worker (measure/worker.py),
-    started at the first job, instead of being a new interpreter that imports torch again; on
+    started at the first job, instead of being a new interpreter that imports it all again; on
     Linux and for the CPU only, elsewhere nothing changes. On a GPU a cell's second of start-up
     is small beside its model's load, and a CUDA driver initialised in the worker (a device
     count taken by an import is enough) would leave its forks unable to use the GPU. One job at

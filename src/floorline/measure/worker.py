@@ -1,10 +1,9 @@
 """The warm worker: one process per command (a sweep, an A/B, ...) that imports torch,
 floorline's measuring modules and engine, and transformers' model code once, then forks a fresh
 process for each job, which so starts without the seconds a new interpreter spends importing
-them. Each job still runs in a process
-of its own (a cell never shares one with another, nor sees what an earlier one left in a
-module), in a process group of its own, and dies with the worker, which dies with the sweep
-(PR_SET_PDEATHSIG both times).
+them. Each job still runs in a process of its own (a cell never shares one with another, nor
+sees what an earlier one left in a module), in a process group of its own, and dies with the
+worker, which dies with the command (PR_SET_PDEATHSIG both times).
 
 A process that has initialised CUDA cannot fork one that uses it: the worker only imports, and
 checks that torch has not initialised CUDA before it forks anything.
