@@ -12,6 +12,7 @@ alone on an fp8 cache (its bytes: e4m3 values and a 4-byte scale per token and k
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import torch
@@ -97,6 +98,17 @@ def gemv_rows(c: DecoderConfig, ops: TritonOps, weights: str = "bf16",
         row = dict(kernel=f"gemv {name}", format=format_of(ws[0][0]),
                    shape=f"{n}x{k}" + (" x2" if mats == 2 else ""), MB=nbytes / 1e6, us=t_mine,
                    gbps=nbytes / t_mine / 1e3, rel_err=err, config=str(config))
+        # where this run tuned the shape: the fastest launch of each fp8 kernel, as the tuner
+        # timed them (the CUDA cores' and the tensor cores')
+        key = ops.tuner.key(ws[0][0], out, norm=kw["norm"] is not None, up=mats == 2,
+                            bias=kw["bias"] is not None, accumulate=kw["accumulate"])
+        for dots in (False, True):
+            fastest = next(((us, c) for us, c in ops.tuner.trials.get(key, []) if c.dots == dots),
+                           None)
+            if fastest and format_of(ws[0][0]) == "fp8":
+                kernel = "dots" if dots else "cores"
+                row.update(key=key, **{f"{kernel}_us": fastest[0],
+                                       f"{kernel}_config": dataclasses.asdict(fastest[1])})
         if t_lib is not None:
             row.update(cublas_us=t_lib, cublas_gbps=nbytes / t_lib / 1e3)
         rows.append(row)
@@ -196,6 +208,9 @@ def main() -> None:
         err = f"{r['rel_err']:8.1e}" if "rel_err" in r else " " * 8
         print(f"{r['kernel']:34} {r['shape']:24} {r.get('format', ''):7} {r['MB']:8.1f} "
               f"{r['us']:8.2f} {r['gbps']:7.0f} {lib} {err}  {r['config']}")
+        if "dots_us" in r:
+            print(f"{'':34} fp8 on the CUDA cores {r['cores_us']:.2f} us, on the tensor cores "
+                  f"{r['dots_us']:.2f} us ({r['dots_config']})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "gpu": torch.cuda.get_device_name(),

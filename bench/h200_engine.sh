@@ -52,6 +52,10 @@
 #                                       (bf16 and int4, m=ROWS, default 8): each launch its tuner
 #                                       tries (blocks, warps, stages, splits along K) against the
 #                                       one-token GEMV, GB/s and the ratio (bench/engine_rows.py)
+#   bash bench/h200_engine.sh fp8-dots  the fp8 GEMV on the CUDA cores against the tensor cores: each fp8
+#                                       shape tuned with both kernels, then $PATHS (engine-fp8 and
+#                                       engine-int4-fp8head) in fresh sweeps with the fastest of each
+#                                       (RUNS times, default 3), its own database
 #   bash bench/h200_engine.sh speculate speculation on the trained model into the verify stage's
 #                                       database (`floorline speculate`: acceptance, ms/token and the
 #                                       floor per token per workload, bf16 and int4; WHEEL=its wheel
@@ -196,6 +200,39 @@ case ${1:?stage} in
     python3 bench/engine_check.py --quantised --json "$(dest h200-engine-quant)/h200_engine_quant_check.json" ;;
   awq-marlin-check)  # FLOORLINE_MARLIN_LIB from `bash third_party/marlin/build.sh <its sdist>`
     python3 bench/awq_marlin_check.py --json "$(dest h200-engine-quant)/h200_awq_marlin_check.json" ;;
+  fp8-dots)
+    # The fp8 GEMV on the CUDA cores and on the tensor cores: each model's fp8 shapes tuned again
+    # with both kernels (bench/engine_kernels.py --retune), then two local tables built from those
+    # timings, the fastest launch of the CUDA cores' kernel per shape ("cores") and the fastest of
+    # either ("dots"), and $PATHS at $CTX in fresh sweeps (of SWEEP_MODELS, default MODELS), RUNS
+    # times (default 3) each table in turn, labelled cores-N and dots-N, into their own database.
+    DEST=$(dest h200-engine-fp8-dots)
+    for m in ${MODELS//,/ }; do
+      python3 bench/engine_kernels.py --model "$m" --weights fp8 --head fp8 --retune --ctx 2048 \
+        --json "$DEST/h200_engine_kernels_${m}_fp8-dots.json" || echo "stage failed"
+    done
+    python3 - "$DEST" "$FLOORLINE_CACHE" <<'PY'
+import json, pathlib, sys
+dest, cache = map(pathlib.Path, sys.argv[1:])
+tables = {"cores": {}, "dots": {}}
+for f in sorted(dest.glob("h200_engine_kernels_*_fp8-dots.json")):
+    for row in json.loads(f.read_text())["rows"]:
+        if "dots_us" in row:
+            best = "dots" if row["dots_us"] < row["cores_us"] else "cores"
+            tables["cores"][row["key"]] = {**row["cores_config"], "us": row["cores_us"]}
+            tables["dots"][row["key"]] = {**row[f"{best}_config"], "us": row[f"{best}_us"]}
+for name, table in tables.items():
+    (cache.parent / f"{cache.name}-{name}").mkdir(exist_ok=True)
+    (cache.parent / f"{cache.name}-{name}" / "engine-gemv.json").write_text(json.dumps(table, indent=1))
+    (dest / f"h200_engine_gemv_fp8_{name}.json").write_text(json.dumps(table, indent=1, sort_keys=True))
+PY
+    FDB=$(stage_db h200-engine-fp8-dots fp8dots)
+    for i in $(seq 1 "${RUNS:-3}"); do for table in cores dots; do
+      FLOORLINE_CACHE=$FLOORLINE_CACHE-$table fl sweep --db "$FDB" --models "${SWEEP_MODELS:-$MODELS}" --ctx "$CTX" \
+        --paths "${PATHS:-engine-fp8,engine-int4-fp8head}" --force --label "$table-$i" \
+        || echo "stage failed"
+    done; done
+    DB=$FDB ;;
   runs)
     # The headline's cells (Qwen2.5-7B, ctx 2048) measured RUNS times (default 5), each time in
     # a fresh sweep with --force, labelled headline-N: the README quotes each figure as the

@@ -127,38 +127,48 @@ def test_quantised_gemv_fusions_match_the_reference(fmt, group, n, config):
     k = 384  # 3 groups of 128: a block of two groups leaves a ragged last iteration
     w, up = _weights(fmt, n, k, g, group or 128), _weights(fmt, n, k, g, group or 128)
     x, norm, bias = _draw(k, g), _draw(k, g, torch.bfloat16), _draw(n, g, torch.bfloat16)
-    h = _draw(n, g)
+    # int4 takes x as 16-bit integers scaled per chunk (a rounding of 2^-14 of the chunk's
+    # largest, 1.8e-4 seen here), against 1e-1 for one misplaced nibble
+    bound = 5e-4 if fmt == "int4" else 1e-5
     cases = [dict(), dict(norm=norm, eps=1e-6, bias=bias), dict(norm=norm, eps=1e-6, up=up),
              dict(accumulate=True), dict(bias=bias, accumulate=True)]
+    _fusions_match(w, config, [(x, kwargs, bound) for kwargs in cases], _draw(n, g))
+
+
+def _fusions_match(w, config, cases, h):
+    """Each (x, gemv's keyword arguments, bound on the relative error) of `cases` through the
+    kernel against the reference; an accumulating product adds into a copy of `h`. A split
+    launch runs twice: the second finds the partials as the first left them."""
     partials = SplitPartials()
-    for kwargs in cases:
-        # a split launch twice: the second finds the partials as the first left them
+    for x, kwargs, bound in cases:
         for _ in range(2 if config.split_k > 1 else 1):
             if kwargs.get("accumulate"):
                 mine, ref = h.clone(), h.clone()
             else:
-                mine = torch.full((n,), float("nan"), device=DEVICE)
+                mine = torch.full(h.shape, float("nan"), device=DEVICE)
                 ref = mine.clone()
             gemv(x, w, mine, config=config, partials=partials, **kwargs)
             gemv_reference(x, w, ref, **kwargs)
-            # int4 takes x as 16-bit integers scaled per chunk (a rounding of 2^-14 of the
-            # chunk's largest, 1.8e-4 seen here), against 1e-1 for one misplaced nibble
-            assert relative_error(mine, ref) < (5e-4 if fmt == "int4" else 1e-5), (
-                fmt, kwargs.keys())
+            assert relative_error(mine, ref) < bound, kwargs.keys()
 
 
 @pytest.mark.parametrize("magnitude", [1e-7, 1e-3, 1e4])
-def test_int4_gemv_keeps_its_precision_at_any_magnitude_of_x(magnitude):
-    # x as integers scaled per chunk: a residual stream of any size, normalised only after the
-    # product, is neither flushed to zero nor overflowed
+@pytest.mark.parametrize("fmt, n, config, bound", [
+    ("int4", 32, GemvConfig(16, 256, words=4), 5e-4),
+    ("fp8", 64, GemvConfig(64, 128, dots=True), 1e-4)], ids=["int4", "fp8-dots"])
+def test_a_gemv_that_scales_x_keeps_its_precision_at_any_magnitude_of_x(fmt, n, config, bound,
+                                                                        magnitude):
+    # int4 takes x as integers and the tensor cores' fp8 kernel as e4m3 parts, each scaled by
+    # a power of two per chunk or block: a residual stream of any size, normalised only after
+    # the product, is neither flushed to zero nor overflowed
     g = torch.Generator().manual_seed(11)
-    w, up = _weights("int4", 32, 256, g, 128), _weights("int4", 32, 256, g, 128)
+    w, up = _weights(fmt, n, 256, g, 128), _weights(fmt, n, 256, g, 128)
     x, norm = _draw(256, g) * magnitude, _draw(256, g, torch.bfloat16)
     for kwargs in (dict(), dict(norm=norm, eps=1e-30, up=up)):
-        mine, ref = torch.zeros(32, device=DEVICE), torch.zeros(32, device=DEVICE)
-        gemv(x, w, mine, config=GemvConfig(16, 256, words=4), **kwargs)
+        mine, ref = torch.zeros(n, device=DEVICE), torch.zeros(n, device=DEVICE)
+        gemv(x, w, mine, config=config, **kwargs)
         gemv_reference(x, w, ref, **kwargs)
-        assert relative_error(mine, ref) < 5e-4, kwargs.keys()
+        assert relative_error(mine, ref) < bound, kwargs.keys()
 
 
 def test_int4_gemv_refuses_a_block_that_splits_a_group():
@@ -171,6 +181,41 @@ def test_int4_gemv_refuses_a_block_that_splits_a_group():
         gemv(x, w, out, config=GemvConfig(8, 128), up=w.dequantise())
     with pytest.raises(ValueError, match="a power of two that divides"):
         gemv(x, w, out, config=GemvConfig(8, 128, words=3))
+
+
+# a ragged last block of rows; K in two splits of 256 and 128 (masked, since 384 is not two
+# whole blocks each) meeting in partials; K in three splits of whole blocks
+DOTS_CASES = [(GemvConfig(64, 64, dots=True), 129),
+              (GemvConfig(64, 128, split_k=2, dots=True), 64),
+              (GemvConfig(64, 64, split_k=3, dots=True), 64)]
+
+
+@pytest.mark.parametrize("config, n", DOTS_CASES, ids=str)
+def test_fp8_gemv_on_the_tensor_cores_matches_the_reference(config, n):
+    # x enters the 8-bit dots as three e4m3 parts: a bf16 x (attention's output, SwiGLU's,
+    # the products that do not normalise) exactly, the fp32 residual stream to twelve
+    # significant bits (3e-5 seen). The interpreter sums the dots in fp32; the GPU's 8-bit
+    # tensor cores keep fewer bits of each block's sum (2e-4 seen on an H100 at the real shapes)
+    g = torch.Generator().manual_seed(n + config.split_k)
+    k = 384  # a split of 3 blocks of 64 leaves each split two; 2 blocks of 128 a ragged one
+    w, up = _weights("fp8", n, k, g, 0), _weights("fp8", n, k, g, 0)
+    x16, x32 = _draw(k, g, torch.bfloat16), _draw(k, g)
+    norm, bias, h = _draw(k, g, torch.bfloat16), _draw(n, g, torch.bfloat16), _draw(n, g)
+    cases = [(x16, dict(), 1e-5), (x16, dict(bias=bias), 1e-5),
+             (x32, dict(norm=norm, eps=1e-6, bias=bias), 1e-4),
+             (x32, dict(norm=norm, eps=1e-6, up=up), 1e-4),
+             (x16, dict(accumulate=True), 1e-5), (x16, dict(bias=bias, accumulate=True), 1e-5)]
+    _fusions_match(w, config, cases, h)
+
+
+def test_the_tensor_core_gemv_refuses_what_it_cannot_run():
+    g = torch.Generator().manual_seed(7)
+    w = _weights("fp8", 64, 128, g, 0)
+    x, out = _draw(128, g, torch.bfloat16), torch.zeros(64, device=DEVICE)
+    with pytest.raises(ValueError, match="at least 16 x 32"):
+        gemv(x, w, out, config=GemvConfig(8, 128, dots=True))
+    with pytest.raises(ValueError, match="fp8 weights only"):
+        gemv(x, w.dequantise(torch.bfloat16), out, config=GemvConfig(64, 128, dots=True))
 
 
 # --- the engine on quantised weights against transformers on the same (dequantised) weights ---
@@ -380,6 +425,76 @@ def test_int4_tuning_candidates_are_whole_groups_and_row_blocks(group):
     assert any(c.split_k > 1 for c in candidates(3584, group=group))
     assert interpreter_config(96, group=32).block_k == 128  # 3 groups of 32 -> 4 per block
     assert interpreter_config(3584, group=128).block_k == 256
+
+
+def test_fp8_tuning_candidates_add_the_tensor_cores_launches():
+    from floorline.engine.tuning import candidates
+
+    for k in [3584, 18944, 576, 384]:
+        plain, fp8 = candidates(k), candidates(k, fp8=True)
+        dots = [c for c in fp8 if c.dots]
+        assert not any(c.dots for c in plain) and [c for c in fp8 if not c.dots] == plain
+        assert dots and all(c.block_n >= 64 and c.block_k >= 32 and c.fits(k) for c in dots)
+    assert any(c.dots and c.split_k > 1 for c in candidates(3584, fp8=True))
+
+
+@pytest.mark.parametrize("precise", [False, True])
+def test_an_fp32_model_tunes_its_fp8_products_off_the_tensor_cores(precise, tmp_path,
+                                                                   monkeypatch):
+    # a fake timer (no CUDA graph on the CPU) under which the tensor cores' launches are the
+    # fastest: a 16-bit model takes one, an fp32 model's tuner never times them, under keys of
+    # its own
+    from floorline.engine import tuning
+
+    monkeypatch.setenv("FLOORLINE_CACHE", str(tmp_path))
+    monkeypatch.setattr(tuning, "rotation_copies", lambda nbytes, device: 1)
+    timed = []
+    monkeypatch.setattr(tuning, "gemv", lambda x, w, out, *, config, **kw: timed.append(config))
+
+    def timer(run):
+        run()
+        return 1.0 if timed[-1].dots else 2.0 + timed[-1].block_n
+
+    w = quant.quantise(torch.randn(64, 256) * 0.05, "fp8")
+    out = torch.empty(64, dtype=torch.bfloat16)
+    tuner = tuning.GemvTuner("cpu", timer=timer, precise=precise)
+    config = tuner.config(w, out, norm=True, up=False, bias=False, accumulate=False)
+    key = tuner.key(w, out, norm=True, precise=precise)
+    assert key.endswith("|norm,precise" if precise else "|norm") and key in tuner.table
+    assert config.dots is not precise
+    assert any(c.dots for c in timed) is not precise
+    assert tuner.current(key) == config
+
+
+def test_a_tuning_entry_whose_dots_is_not_a_truth_value_is_one_line(tmp_path, monkeypatch):
+    import json
+
+    from floorline.engine.tuning import GemvTuner
+
+    monkeypatch.setenv("FLOORLINE_CACHE", str(tmp_path))
+    table = tmp_path / "engine-gemv.json"
+    entry = {"block_n": 64, "block_k": 256, "num_warps": 4, "split_k": 2, "num_stages": 3,
+             "dots": "yes"}
+    table.write_text(json.dumps({"g|64x256|fp8row->torch.float32|": entry}))
+    with pytest.raises(FloorlineError) as raised:
+        GemvTuner("cpu")
+    assert str(raised.value) == (
+        f"cannot read the GEMV tuning table {table} (entry 'g|64x256|fp8row->torch.float32|': "
+        "dots is 'yes', not true or false); delete it to tune again")
+
+
+def test_the_tensor_core_gemv_compiles_for_hopper():
+    # compiled for sm_90 with Triton's own ptxas, no GPU needed: every fusion, with W's tiles
+    # copied into shared memory ahead of the dots (asynchronous copies in the loop), no spills
+    import re
+
+    from conftest import compile_for_hopper
+
+    lines = compile_for_hopper("engine_fp8_dots_sass.py")
+    assert len(lines) == 5  # 3 unsplit, 2 split along K
+    for line in lines:
+        assert re.search(r"spilled +0 B", line) and int(
+            re.search(r"async copies +(\d+)", line).group(1)) > 0, line
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "int4", "fp8"])

@@ -230,18 +230,9 @@ def test_the_rows_kernel_compiles_for_hopper():
     # The interpreter, where the tests run the kernel, does not type-check as the compiler does
     # (a branch that a constant rules out is still compiled): every format and fusion the verify
     # step launches is compiled for sm_90 with Triton's own ptxas, no GPU needed.
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from conftest import compile_for_hopper
 
-    bench = Path(__file__).parents[1] / "bench"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(bench.parent / "src")
-    proc = subprocess.run([sys.executable, "engine_rows_sass.py"], cwd=bench, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert len(proc.stdout.splitlines()) == 14  # 9 unsplit, 5 split along K
+    assert len(compile_for_hopper("engine_rows_sass.py")) == 14  # 9 unsplit, 5 split along K
 
 
 def test_the_rows_tuner_times_each_candidate_and_keeps_the_fastest(tmp_path, monkeypatch):

@@ -54,12 +54,14 @@ class ReferenceOps:
 
 class TritonOps:
     """floorline's kernels; the GEMV's and rows product's launch configurations from the per-GPU
-    tuning table."""
+    tuning table. `precise` (an fp32 model): fp8 products stay off the tensor cores, whose x
+    carries twelve significant bits and whose 8-bit sums fewer than fp32's
+    (floorline.engine.tuning)."""
 
     name = "triton"
 
-    def __init__(self, device):
-        self.tuner = GemvTuner(device)
+    def __init__(self, device, precise: bool = False):
+        self.tuner = GemvTuner(device, precise=precise)
         self._gemv = gemv.gemv
         self.partials = gemv.SplitPartials()
         self.attention = attention.decode_attention

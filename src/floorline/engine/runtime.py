@@ -53,7 +53,8 @@ class Engine:
         backend = backend or ("triton" if self.device.type == "cuda" else "reference")
         if backend not in ("triton", "reference"):
             raise FloorlineError(f"engine backend must be 'triton' or 'reference', not '{backend}'")
-        ops = TritonOps(self.device) if backend == "triton" else ReferenceOps()
+        ops = (TritonOps(self.device, precise=dtype == torch.float32) if backend == "triton"
+               else ReferenceOps())
         formats = dict(head=head, group_size=group_size)
         if decoder_weights is None and model_spec.has_real_weights:
             decoder_weights = load_checkpoint(model_spec.weights_dir, self.config, self.device,

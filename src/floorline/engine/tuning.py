@@ -53,11 +53,22 @@ INT4_SHAPES = [(8, 4, 1, 2), (16, 4, 1, 2), (8, 8, 1, 4), (8, 8, 2, 2), (16, 8, 
                (16, 8, 1, 4)]
 INT4_SPLITS = [(8, 4, 1, 2, 2), (16, 4, 1, 2, 2), (8, 4, 1, 2, 4), (16, 4, 1, 2, 4),
                (8, 4, 1, 2, 7), (16, 4, 1, 2, 7), (16, 8, 2, 2, 2)]
+# fp8 also on the tensor cores (GemvConfig.dots): (block_n, block_k, warps, splits, stages);
+# rows in blocks of 64 or more (a warp group's 8-bit tile: fewer rows go through 16-bit
+# products, converted), whole tiles streamed through shared memory, so fewer, larger programs
+# than the CUDA cores' kernel, split along K where the row blocks are too few to fill the GPU;
+# splits of 3, 5 and 6 and shallower pipelines (more programs resident per SM) give the waves
+# of programs other shapes.
+DOTS = [(64, 128, 4, 1, 3), (64, 256, 4, 1, 3), (64, 256, 4, 1, 4), (64, 512, 4, 1, 2),
+        (128, 128, 4, 1, 3), (128, 128, 8, 1, 3), (128, 256, 8, 1, 3),
+        (64, 256, 4, 2, 3), (64, 256, 4, 4, 3), (64, 128, 4, 4, 4), (64, 128, 4, 8, 4),
+        (128, 128, 4, 2, 3), (128, 128, 4, 4, 3), (64, 256, 4, 3, 3), (64, 256, 4, 5, 3),
+        (64, 256, 4, 6, 2), (64, 256, 4, 2, 2), (64, 256, 4, 4, 2)]
 
 
-def candidates(k: int, group: int | None = None) -> list[GemvConfig]:
+def candidates(k: int, group: int | None = None, fp8: bool = False) -> list[GemvConfig]:
     """The tables above, blocks no wider than K (rounded up to a power of two); `group` is an
-    int4 weight's group size (None for 16-bit and fp8)."""
+    int4 weight's group size (None for 16-bit and fp8); `fp8` adds the tensor cores' launches."""
     if group is not None:
         most = triton.next_power_of_2(max(1, k // group))
         positions, per_128 = group // 8, max(1, 128 // group)
@@ -69,6 +80,9 @@ def candidates(k: int, group: int | None = None) -> list[GemvConfig]:
     configs += [GemvConfig(bn, bk, w, s) for bn, bk, w, s in SPLITS]
     configs += [GemvConfig(bn, min(bk, widest), w, 1, stages)
                 for bn, bk, w in SHAPES[3:6] for stages in (2, 4)]
+    if fp8:
+        configs += [GemvConfig(bn, max(32, min(bk, widest)), w, s, stages, dots=True)
+                    for bn, bk, w, s, stages in DOTS]
     return list(dict.fromkeys(c for c in configs if c.fits(k)))
 
 
@@ -149,6 +163,8 @@ ROWS_LEAST = {"block_n": 16, "block_k": 16}  # its tiles' dots: the tensor cores
 
 def _launch_problem(key: str, entry: dict) -> str | None:
     """What is wrong with a table entry's launch fields, or None."""
+    if type(entry.get("dots", False)) is not bool:
+        return f"dots is {entry['dots']!r}, not true or false"
     for name, (power_of_two, most) in LAUNCH_FIELDS.items():
         value = entry.get(name, 1)  # a field with a default may be absent
         least = ROWS_LEAST.get(name, 1) if key.endswith(ROWS_KEY) else 1
@@ -182,15 +198,21 @@ def _read_table(path: Path) -> dict:
 class GemvTuner:
     """Launch configurations of the GEMV and of the rows product (rows=True) by key, timed by
     `timer` (fn -> microseconds of one call; on CUDA time_graph) at a shape's first use. With
-    no timer (the CPU's interpreter) nothing is tuned: each kernel's fixed default."""
+    no timer (the CPU's interpreter) nothing is tuned: each kernel's fixed default. `precise`
+    (an fp32 model's products): fp8 weights are tuned without the tensor cores' kernel, under
+    keys of their own (flag "precise")."""
 
-    def __init__(self, device, timer=None):
+    def __init__(self, device, timer=None, precise: bool = False):
+        self.precise = precise
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.gpu = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
         self.timer = timer or (time_graph if self.cuda else None)
         self.file = cache_dir() / "engine-gemv.json"
-        self.seen = {}  # key -> (K, int4 group or None) of each GEMV shape looked up, in order
+        # key -> candidates' arguments (K, int4 group or None, fp8) of each GEMV shape looked
+        # up, in order
+        self.seen = {}
+        self.trials = {}  # key -> [(us, config)] of every launch tune timed, fastest first
         self.table = {}
         for source in sorted(SHIPPED.glob("*.json")) + [self.file]:
             if source.is_file():
@@ -206,12 +228,15 @@ class GemvTuner:
         """The launch for W into `out`: the GEMV's, or with `rows` the rows product's."""
         if self.timer is None:
             return default_config(w) if rows else interpreter_config(w.shape[1], group_of(w))
-        key = self.key(w, out, rows, norm=norm, up=up, bias=bias, accumulate=accumulate)
+        precise = self.precise and isinstance(w, Fp8Weight) and not rows
+        key = self.key(w, out, rows, norm=norm, up=up, bias=bias, accumulate=accumulate,
+                       precise=precise)
         if not rows:  # in-step tuning (tune_in_step) takes the GEMV's shapes
-            self.seen.setdefault(key, (w.shape[1], group_of(w)))
+            self.seen.setdefault(key, (w.shape[1], group_of(w),
+                                       isinstance(w, Fp8Weight) and not precise))
         if key not in self.table:
             best, us = self.tune(w, out, norm=norm, up=up, bias=bias, accumulate=accumulate,
-                                 rows=rows)
+                                 rows=rows, dots=not precise)
             weight_bytes = nbytes(w) * (2 if up else 1)
             self.use(key, best, us=round(us, 2), gbps=round(weight_bytes / us / 1e3, 1))
             self.save(key)
@@ -235,11 +260,12 @@ class GemvTuner:
         tmp.write_text(json.dumps(mine, indent=1, sort_keys=True))
         tmp.replace(self.file)
 
-    def tune(self, w, out, *, norm, up, bias, accumulate,
-             rows: bool = False) -> tuple[GemvConfig, float]:
+    def tune(self, w, out, *, norm, up, bias, accumulate, rows: bool = False,
+             dots: bool = True) -> tuple[GemvConfig, float]:
         """The fastest candidate for this shape and its microseconds per product (with `rows`:
-        the rows product's on ROWS rows); one the GPU cannot launch (OutOfResources: shared
-        memory or registers) is passed over."""
+        the rows product's on ROWS rows; `dots`: fp8 also on the tensor cores); one the GPU
+        cannot launch (OutOfResources: shared memory or registers) is passed over. Every
+        candidate's time is kept in `trials`."""
         n, k = w.shape
         copies = rotation_copies(nbytes(w) * (2 if up else 1), self.device)
 
@@ -263,7 +289,9 @@ class GemvTuner:
         partials = SplitPartials()
         product = rows_product if rows else gemv
         results = []
-        for config in (rows_candidates if rows else candidates)(k, group_of(w)):
+        tried = (rows_candidates(k, group_of(w)) if rows
+                 else candidates(k, group_of(w), dots and isinstance(w, Fp8Weight)))
+        for config in tried:
             def run(config=config):
                 for m, u in mats:
                     product(x, m, y, config=config, up=u, partials=partials, **extras)
@@ -275,7 +303,10 @@ class GemvTuner:
             what = "rows product" if rows else "GEMV"
             raise FloorlineError(f"no launch of the {what} of a {n}x{k} {kind(w)} matrix fits "
                                  f"the {self.gpu}'s shared memory and registers")
-        us, best = min(results, key=lambda r: r[0])
+        results.sort(key=lambda r: r[0])
+        self.trials[self.key(w, out, rows, norm=norm, up=up, bias=bias, accumulate=accumulate,
+                             precise=not dots and isinstance(w, Fp8Weight))] = results
+        us, best = results[0]
         return best, us
 
 

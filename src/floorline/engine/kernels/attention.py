@@ -30,7 +30,7 @@ cores in fp8 (FP8_DOTS), straight from the tiles as loaded, with no conversion o
 tensor cores take 8-bit operands only with the summed dimension contiguous and 64 or more rows,
 so the scores are formed transposed, K q^T ([BLOCK_T, G_PAD]), and the output as V^T p^T, from
 the cache's V held transposed ([head_dim, tokens]). The other operand, q or the probabilities,
-goes in as two e4m3 parts, hi + lo / 16 (_split_e4m3): eight significant bits, as many as a
+goes in as two e4m3 parts, hi + lo / 16 (split_e4m3): eight significant bits, as many as a
 bf16 q holds, each part scaled by a power of two into e4m3's range. The cache's slack past its
 capacity lets these loads read whole tiles without masks. With an fp32 model the tiles widen
 to fp32 for full-precision products instead.
@@ -42,6 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
+from floorline.engine.kernels.e4m3 import e4m3_grid, row_powers, split_e4m3
 from floorline.engine.kernels.launch import pdl_options
 from floorline.engine.kvcache import FP8, FP8_MAX, FP8_SLACK, dequantise, quantise
 
@@ -74,52 +75,13 @@ _FP8_MAX = tl.constexpr(FP8_MAX)
 
 
 @triton.jit
-def _e4m3_grid(x):
-    """fp32 values within e4m3's range, rounded to the nearest e4m3 value (ties to even) in
-    fp32, so that the conversion after it is exact. The hardware converts so itself; Triton's
-    interpreter, where the CPU tests run, rounds ties away from zero and loses the carry into
-    the exponent (31.75 becomes 16), so the rounding is done here, the same everywhere: adding
-    2^(e + 20) to a value of exponent e leaves its bits at e4m3's step, 2^(e - 3)."""
-    exponent = tl.maximum(((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
-    magic = ((exponent + 20 + 127) << 23).to(tl.float32, bitcast=True)
-    r = (tl.abs(x) + magic) - magic  # below 2^-6 the step stays 2^-9 (subnormals)
-    return tl.where(x < 0, -r, r)
-
-
-@triton.jit
 def _quantised(x, dtype: tl.constexpr):
     """fp32 head vectors [rows, D] -> (fp8 values, scales [rows], the values as stored), as
     floorline.engine.kvcache.quantise computes them."""
     s = tl.max(tl.abs(x), axis=1) / _FP8_MAX
     q = x / tl.where(s > 0, s, 1.0)[:, None]
-    q = _e4m3_grid(tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX)).to(dtype)
+    q = e4m3_grid(tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX)).to(dtype)
     return q, s, q.to(tl.float32) * s[:, None]
-
-
-@triton.jit
-def _e4m3(x, dtype: tl.constexpr, EXACT: tl.constexpr):
-    """fp32 values within e4m3's range in e4m3, rounded to nearest (ties to even): the
-    hardware's conversion, or in Triton's interpreter (EXACT) on the grid first (_e4m3_grid)."""
-    if EXACT:
-        x = _e4m3_grid(x)
-    return x.to(dtype)
-
-
-@triton.jit
-def _row_powers(largest):
-    """Per row, 2^k and 2^-k with largest * 2^k in [128, 256) (largest >= 0; k clamped so that
-    both stay normal floats, which leaves a zero row at zero)."""
-    e = tl.minimum(tl.maximum((largest.to(tl.int32, bitcast=True) >> 23) & 0xFF, 8), 254)
-    return (((261 - e) << 23).to(tl.float32, bitcast=True),
-            ((e - 7) << 23).to(tl.float32, bitcast=True))
-
-
-@triton.jit
-def _split_e4m3(x, dtype: tl.constexpr, EXACT: tl.constexpr):
-    """fp32 x with |x| < 256 as e4m3 (hi, lo), x ~ hi + lo / 16: hi keeps four significant
-    bits, lo the next four (the rest of a bf16 value exactly, down to e4m3's subnormals)."""
-    hi = _e4m3(x, dtype, EXACT)
-    return hi, _e4m3((x - hi.to(tl.float32)) * 16.0, dtype, EXACT)
 
 
 @triton.jit
@@ -172,9 +134,9 @@ def _attention_split_kernel(qkv_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, cos_ptr, sin_
     q_hi, q_lo = q, q  # unread without FP8_DOTS
     if FP8_DOTS:
         # q in two e4m3 parts, transposed: the B operand of K q^T
-        up, down = _row_powers(tl.max(tl.abs(q), axis=1))
+        up, down = row_powers(tl.max(tl.abs(q), axis=1))
         q_unscale = down * scale
-        q_hi, q_lo = _split_e4m3(q * up[:, None], cache_dtype, EXACT)
+        q_hi, q_lo = split_e4m3(q * up[:, None], cache_dtype, EXACT)
         q_hi, q_lo = tl.trans(q_hi), tl.trans(q_lo)
     m_i = tl.where(owner, s_new, float("-inf"))
     l_i = tl.where(owner, 1.0, 0.0) + tl.zeros((G_PAD,), tl.float32)
@@ -220,8 +182,8 @@ def _attention_split_kernel(qkv_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, cos_ptr, sin_
         if KV_FP8:
             p = p * tl.load(vs_ptr + scale_base + t)[None, :]
             if FP8_DOTS:  # p in two e4m3 parts: the B operand of V^T p^T
-                up, down = _row_powers(tl.max(p, axis=1))
-                p_hi, p_lo = _split_e4m3(p * up[:, None], cache_dtype, EXACT)
+                up, down = row_powers(tl.max(p, axis=1))
+                p_hi, p_lo = split_e4m3(p * up[:, None], cache_dtype, EXACT)
                 pv = tl.dot(v_t, tl.trans(p_hi)) + tl.dot(v_t, tl.trans(p_lo)) * 0.0625
                 acc += tl.trans(pv) * down[:, None]
             else:

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from floorline.engine.kernels.arrival import meet_in_partials
+from floorline.engine.kernels.e4m3 import e4m3, row_powers, split_e4m3
 from floorline.engine.kernels.launch import pdl_options
 from floorline.engine.quant import Fp8Weight, Int4Weight, dense
 
@@ -43,6 +44,7 @@ class GemvConfig:
     split_k: int = 1
     num_stages: int = 3
     words: int = 1  # int4: consecutive word positions of a group that one thread holds
+    dots: bool = False  # fp8: the tensor-core kernel (_gemv_fp8_dots_kernel)
 
     def fits(self, k: int) -> bool:
         # a split smaller than a block would leave programs with no work
@@ -71,12 +73,9 @@ class SplitPartials:
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, up_ptr, bias_ptr, norm_ptr, scale_ptr, up_scale_ptr, out_ptr,
-                 part_ptr, count_ptr, N, K, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr,
-                 BIAS: tl.constexpr, SCALE: tl.constexpr, GELU: tl.constexpr,
-                 ACCUMULATE: tl.constexpr, REDUCE: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
-                 PDL: tl.constexpr):
+def _program(N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """This program's row block and K-split: their indices, its rows (and which are within N),
+    its span of K [k_lo, k_hi) and its rows' offsets in W."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -84,7 +83,46 @@ def _gemv_kernel(x_ptr, w_ptr, up_ptr, bias_ptr, norm_ptr, scale_ptr, up_scale_p
     span = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
     k_lo = pid_k * span
     k_hi = tl.minimum(k_lo + span, K)
-    row_base = rows.to(tl.int64)[:, None] * K
+    return pid_n, pid_k, rows, row_ok, k_lo, k_hi, rows.to(tl.int64)[:, None] * K
+
+
+@triton.jit
+def _tile(w_ptr, row_base, row_ok, cols, k_hi, EVEN: tl.constexpr):
+    """A matrix's tile of the program's rows at `cols` (EVEN: no masks; else zero past k_hi
+    and N)."""
+    if EVEN:
+        return tl.load(w_ptr + row_base + cols[None, :])
+    return tl.load(w_ptr + row_base + cols[None, :],
+                   mask=row_ok[:, None] & (cols < k_hi)[None, :], other=0.0)
+
+
+@triton.jit
+def _block(x_ptr, w_ptr, norm_ptr, row_base, row_ok, cols, k_hi, squares, NORM: tl.constexpr,
+           EVEN: tl.constexpr):
+    """x's block at `cols` in fp32 and W's tile there; with NORM, x's squares added into
+    `squares` and x times the norm's weight."""
+    if EVEN:
+        x = tl.load(x_ptr + cols).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + cols, mask=cols < k_hi, other=0.0).to(tl.float32)
+    w = _tile(w_ptr, row_base, row_ok, cols, k_hi, EVEN)
+    if NORM:
+        squares += x * x
+        if EVEN:
+            x *= tl.load(norm_ptr + cols).to(tl.float32)
+        else:
+            x *= tl.load(norm_ptr + cols, mask=cols < k_hi, other=0.0).to(tl.float32)
+    return x, w, squares
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, up_ptr, bias_ptr, norm_ptr, scale_ptr, up_scale_ptr, out_ptr,
+                 part_ptr, count_ptr, N, K, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr,
+                 BIAS: tl.constexpr, SCALE: tl.constexpr, GELU: tl.constexpr,
+                 ACCUMULATE: tl.constexpr, REDUCE: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
+                 PDL: tl.constexpr):
+    pid_n, pid_k, rows, row_ok, k_lo, k_hi, row_base = _program(N, K, BLOCK_N, BLOCK_K, SPLIT_K)
     if PDL:
         tl.extra.cuda.gdc_wait()
     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
@@ -92,27 +130,11 @@ def _gemv_kernel(x_ptr, w_ptr, up_ptr, bias_ptr, norm_ptr, scale_ptr, up_scale_p
     squares = tl.zeros((BLOCK_K,), tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
-        if EVEN:
-            x = tl.load(x_ptr + cols).to(tl.float32)
-            w = tl.load(w_ptr + row_base + cols[None, :])
-        else:
-            col_ok = cols < k_hi
-            x = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + row_base + cols[None, :],
-                        mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-        if NORM:
-            squares += x * x
-            if EVEN:
-                x *= tl.load(norm_ptr + cols).to(tl.float32)
-            else:
-                x *= tl.load(norm_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        x, w, squares = _block(x_ptr, w_ptr, norm_ptr, row_base, row_ok, cols, k_hi, squares,
+                               NORM, EVEN)
         acc += w.to(tl.float32) * x[None, :]
         if SWIGLU:
-            if EVEN:
-                u = tl.load(up_ptr + row_base + cols[None, :])
-            else:
-                u = tl.load(up_ptr + row_base + cols[None, :],
-                            mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+            u = _tile(up_ptr, row_base, row_ok, cols, k_hi, EVEN)
             acc_up += u.to(tl.float32) * x[None, :]
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -122,6 +144,57 @@ def _gemv_kernel(x_ptr, w_ptr, up_ptr, bias_ptr, norm_ptr, scale_ptr, up_scale_p
         y *= tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
         if SWIGLU:
             y_up *= tl.load(up_scale_ptr + rows, mask=row_ok, other=0.0)
+    _epilogue(y, y_up, tl.sum(squares, axis=0), rows, row_ok, pid_n, pid_k, bias_ptr, out_ptr,
+              part_ptr, count_ptr, N, K, eps, NORM, SWIGLU, BIAS, ACCUMULATE, GELU, REDUCE,
+              SPLIT_K)
+
+
+@triton.jit
+def _gemv_fp8_dots_kernel(x_ptr, w_ptr, up_ptr, bias_ptr, norm_ptr, scale_ptr, up_scale_ptr,
+                          out_ptr, part_ptr, count_ptr, N, K, eps, NORM: tl.constexpr,
+                          SWIGLU: tl.constexpr, BIAS: tl.constexpr, GELU: tl.constexpr,
+                          ACCUMULATE: tl.constexpr, REDUCE: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
+                          PDL: tl.constexpr, EXACT: tl.constexpr):
+    """fp8 weights on the tensor cores: W's [BLOCK_N, BLOCK_K] tile is the dot's A operand as
+    loaded (no conversion; the summed dimension is contiguous, as 8-bit operands need), x its
+    B operand: each block of x scaled by a power of two and cut into three e4m3 parts, x ~ hi
+    + mid / 16 + lo / 256 (twelve significant bits: a bf16 x exactly, within e4m3's range),
+    columns 0-2 of a [BLOCK_K, 16] tile whose other columns are zero. Each block's [BLOCK_N, 16]
+    dot is unscaled into fp32 sums; the tiles stream through shared memory in Triton's software
+    pipeline."""
+    pid_n, pid_k, rows, row_ok, k_lo, k_hi, row_base = _program(N, K, BLOCK_N, BLOCK_K, SPLIT_K)
+    j = tl.arange(0, 16)[:, None]  # x's columns in the dot: 0 hi, 1 lo
+    fp8 = w_ptr.dtype.element_ty
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    acc = tl.zeros((BLOCK_N, 16), tl.float32)
+    acc_up = tl.zeros((BLOCK_N, 16), tl.float32)
+    squares = tl.zeros((BLOCK_K,), tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        x, w, squares = _block(x_ptr, w_ptr, norm_ptr, row_base, row_ok, cols, k_hi, squares,
+                               NORM, EVEN)
+        up, down = row_powers(tl.max(tl.abs(x), axis=0))
+        x *= up
+        hi, mid = split_e4m3(x, fp8, EXACT)
+        hi, mid = hi.to(tl.float32), mid.to(tl.float32)
+        lo = e4m3(((x - hi) * 16.0 - mid) * 16.0, fp8, EXACT).to(tl.float32)
+        xt = tl.trans(tl.where(j == 0, hi[None, :], tl.where(j == 1, mid[None, :],
+                                                            tl.where(j == 2, lo[None, :], 0.0))
+                               ).to(fp8))
+        acc += tl.dot(w, xt) * down
+        if SWIGLU:
+            u = _tile(up_ptr, row_base, row_ok, cols, k_hi, EVEN)
+            acc_up += tl.dot(u, xt) * down
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    c = tl.arange(0, 16)
+    parts = tl.where(c < 3, tl.exp2(-4.0 * c.to(tl.float32)), 0.0)
+    y = tl.sum(acc * parts[None, :], axis=1) * tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
+    y_up = tl.sum(acc_up * parts[None, :], axis=1)
+    if SWIGLU:
+        y_up *= tl.load(up_scale_ptr + rows, mask=row_ok, other=0.0)
     _epilogue(y, y_up, tl.sum(squares, axis=0), rows, row_ok, pid_n, pid_k, bias_ptr, out_ptr,
               part_ptr, count_ptr, N, K, eps, NORM, SWIGLU, BIAS, ACCUMULATE, GELU, REDUCE,
               SPLIT_K)
@@ -436,11 +509,23 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
             **pdl_options(x))
         return
     scale = up_scale = None
+    even = n % config.block_n == 0 and k % (config.split_k * config.block_k) == 0
+    if isinstance(w, Fp8Weight) and config.dots:
+        if config.block_n < 16 or config.block_k < 32:
+            raise ValueError(f"block_n {config.block_n} and block_k {config.block_k}: the tensor "
+                             "cores' fp8 tiles are at least 16 x 32")
+        u = w if up is None else up
+        _gemv_fp8_dots_kernel[grid](
+            x, w.weight, u.weight, w.scale if bias is None else bias,
+            w.scale if norm is None else norm, w.scale, u.scale, out, sums, counts, n, k, eps,
+            BLOCK_K=config.block_k, EVEN=even, EXACT=not x.is_cuda, **flags, **pdl_options(x))
+        return
+    if config.dots:
+        raise ValueError("dots: the tensor-core GEMV takes fp8 weights only")
     if isinstance(w, Fp8Weight):
         w, scale = w.weight, w.scale
         if up is not None:
             up, up_scale = up.weight, up.scale
-    even = n % config.block_n == 0 and k % (config.split_k * config.block_k) == 0
     _gemv_kernel[grid](
         x, w, w if up is None else up, w if bias is None else bias, w if norm is None else norm,
         w if scale is None else scale, w if up_scale is None else up_scale, out, sums, counts,
