@@ -91,9 +91,16 @@ def test_joules_per_token_over_windows_aligned_on_the_counters_updates(short_win
     e = windows(nvml)
     assert e["valid"] and e["reason"] is None and e["method"] == "energy counter"
     assert len(e["windows"]) == energy.WINDOWS
-    # A step draws 500 W for its 2 ms: 1 J. The windows start and end on the counter's updates,
-    # so the idle power before and after them is left out.
-    assert e["joules_per_token"] == pytest.approx(1.0, rel=0.02)
+    # A step draws 500 W for its 2 ms, 1 J, and the host's gap to the next one 100 W. The
+    # windows start and end on the counter's updates, so the idle power before and after them is
+    # left out; what remains is the edges' error, up to 2% here. A step the host's scheduler
+    # interrupts runs longer and draws more (steps of 1.6-1.9 J on an overloaded host), so the
+    # expectation is the steps' own, from the spans they took.
+    spans = [b - a for a, b in nvml.busy]
+    starts = [a for a, _ in nvml.busy]
+    span, interval = sum(spans) / len(spans), (starts[-1] - starts[0]) / (len(starts) - 1)
+    assert e["joules_per_token"] == pytest.approx(500 * span + 100 * (interval - span),
+                                                  rel=0.03)
     assert e["mean_watts"] == pytest.approx(500, rel=0.02)
     assert e["joules_per_token_low"] <= e["joules_per_token"] <= e["joules_per_token_high"]
     assert e["counter"]["update_period_ms"] == pytest.approx(20, rel=0.2)

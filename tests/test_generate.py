@@ -176,10 +176,11 @@ def test_int4_and_fp8_generate_from_a_16bit_checkpoint(cli, checkpoint):
                    *(("--group-size", group) if group else ()))
         assert proc.returncode == 0, proc.stderr
         assert f"weights {summary}," in proc.stderr
-    for dtype in ("bfloat16", "float32"):  # the fp8 head on the default, 16-bit, linears
-        proc = cli("generate", "--model", checkpoint, "--prompt", PROMPT, "--max-new-tokens", 4,
-                   "--device", "cpu", "--dtype", dtype, "--head", "fp8")
-        assert proc.returncode == 0 and "fp8head," in proc.stderr, proc.stderr
+    # the fp8 head on the default, 16-bit, linears (in float32 the engine's logits with it are
+    # checked against transformers: tests/test_engine_quant.py)
+    proc = cli("generate", "--model", checkpoint, "--prompt", PROMPT, "--max-new-tokens", 4,
+               "--device", "cpu", "--dtype", "bfloat16", "--head", "fp8")
+    assert proc.returncode == 0 and "fp8head," in proc.stderr, proc.stderr
     proc = cli("generate", "--model", checkpoint, "--prompt", PROMPT, "--device", "cpu",
                "--weights", "int4", "--group-size", 128)
     assert proc.returncode == 2 and "int4 group 128 needs every matrix width (64, 128)" in \

@@ -164,7 +164,7 @@ def _gemv_fp8_dots_kernel(x_ptr, w_ptr, up_ptr, bias_ptr, norm_ptr, scale_ptr, u
     dot is unscaled into fp32 sums; the tiles stream through shared memory in Triton's software
     pipeline."""
     pid_n, pid_k, rows, row_ok, k_lo, k_hi, row_base = _program(N, K, BLOCK_N, BLOCK_K, SPLIT_K)
-    j = tl.arange(0, 16)[:, None]  # x's columns in the dot: 0 hi, 1 lo
+    j = tl.arange(0, 16)[:, None]  # x's columns in the dot: 0 hi, 1 mid, 2 lo
     fp8 = w_ptr.dtype.element_ty
     if PDL:
         tl.extra.cuda.gdc_wait()
