@@ -163,8 +163,16 @@ ROWS_LEAST = {"block_n": 16, "block_k": 16}  # its tiles' dots: the tensor cores
 
 def _launch_problem(key: str, entry: dict) -> str | None:
     """What is wrong with a table entry's launch fields, or None."""
-    if type(entry.get("dots", False)) is not bool:
-        return f"dots is {entry['dots']!r}, not true or false"
+    dots = entry.get("dots", False)
+    if type(dots) is not bool:
+        return f"dots is {dots!r}, not true or false"
+    parts = key.split("|")  # gpu|NxK|kind->dtype|flags, then |rows for a rows product
+    flags = parts[3].split(",") if len(parts) > 3 else []
+    if dots and ("|fp8row->" not in key or key.endswith(ROWS_KEY) or "precise" in flags):
+        return ("dots (the tensor cores' GEMV) is for the one-token product of fp8 weights in "
+                "a 16-bit model")
+    if dots and (entry.get("block_n", 1) < 16 or entry.get("block_k", 1) < 32):
+        return "dots (the tensor cores' GEMV) takes tiles of at least 16 rows x 32 columns"
     for name, (power_of_two, most) in LAUNCH_FIELDS.items():
         value = entry.get(name, 1)  # a field with a default may be absent
         least = ROWS_LEAST.get(name, 1) if key.endswith(ROWS_KEY) else 1
@@ -206,6 +214,10 @@ class GemvTuner:
         self.precise = precise
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        # the tensor cores' 8-bit dots as the fp8 GEMV has been compiled and measured: Hopper's
+        # (on the CPU only a test's timer tunes)
+        self.fp8_dots = (torch.cuda.get_device_capability(self.device)[0] == 9 if self.cuda
+                         else True)
         self.gpu = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
         self.timer = timer or (time_graph if self.cuda else None)
         self.file = cache_dir() / "engine-gemv.json"
@@ -232,11 +244,12 @@ class GemvTuner:
         key = self.key(w, out, rows, norm=norm, up=up, bias=bias, accumulate=accumulate,
                        precise=precise)
         if not rows:  # in-step tuning (tune_in_step) takes the GEMV's shapes
-            self.seen.setdefault(key, (w.shape[1], group_of(w),
-                                       isinstance(w, Fp8Weight) and not precise))
+            self.seen.setdefault(key, (w.shape[1], group_of(w), self.fp8_dots
+                                       and isinstance(w, Fp8Weight) and not precise))
         if key not in self.table:
-            best, us = self.tune(w, out, norm=norm, up=up, bias=bias, accumulate=accumulate,
-                                 rows=rows, dots=not precise)
+            self.trials[key] = self.tune(w, out, norm=norm, up=up, bias=bias,
+                                         accumulate=accumulate, rows=rows, dots=not precise)
+            us, best = self.trials[key][0]
             weight_bytes = nbytes(w) * (2 if up else 1)
             self.use(key, best, us=round(us, 2), gbps=round(weight_bytes / us / 1e3, 1))
             self.save(key)
@@ -261,11 +274,11 @@ class GemvTuner:
         tmp.replace(self.file)
 
     def tune(self, w, out, *, norm, up, bias, accumulate, rows: bool = False,
-             dots: bool = True) -> tuple[GemvConfig, float]:
-        """The fastest candidate for this shape and its microseconds per product (with `rows`:
-        the rows product's on ROWS rows; `dots`: fp8 also on the tensor cores); one the GPU
-        cannot launch (OutOfResources: shared memory or registers) is passed over. Every
-        candidate's time is kept in `trials`."""
+             dots: bool = True) -> list[tuple[float, GemvConfig]]:
+        """Every candidate for this shape with its microseconds per product, fastest first
+        (with `rows`: the rows product's on ROWS rows; `dots`: fp8 also on the tensor cores,
+        where the GPU has their 8-bit dots); one the GPU cannot launch (OutOfResources: shared
+        memory or registers) is passed over."""
         n, k = w.shape
         copies = rotation_copies(nbytes(w) * (2 if up else 1), self.device)
 
@@ -290,7 +303,8 @@ class GemvTuner:
         product = rows_product if rows else gemv
         results = []
         tried = (rows_candidates(k, group_of(w)) if rows
-                 else candidates(k, group_of(w), dots and isinstance(w, Fp8Weight)))
+                 else candidates(k, group_of(w),
+                                 dots and self.fp8_dots and isinstance(w, Fp8Weight)))
         for config in tried:
             def run(config=config):
                 for m, u in mats:
@@ -304,10 +318,7 @@ class GemvTuner:
             raise FloorlineError(f"no launch of the {what} of a {n}x{k} {kind(w)} matrix fits "
                                  f"the {self.gpu}'s shared memory and registers")
         results.sort(key=lambda r: r[0])
-        self.trials[self.key(w, out, rows, norm=norm, up=up, bias=bias, accumulate=accumulate,
-                             precise=not dots and isinstance(w, Fp8Weight))] = results
-        us, best = results[0]
-        return best, us
+        return results
 
 
 def tune_in_step(keys, candidates_of, current, apply, time_step, *, min_gain: float = 0.003,

@@ -19,7 +19,8 @@ One kernel serves every linear of a decode step; constexpr flags choose the fusi
 Each program owns BLOCK_N rows and one K-split; W is read once, in rows of BLOCK_K elements.
 
 int4 weights (floorline.engine.quant.Int4Weight) have a kernel of their own with the same
-fusions, `_gemv_int4_kernel`: see its docstring.
+fusions, `_gemv_int4_kernel`, and fp8 weights a second one on the tensor cores,
+`_gemv_fp8_dots_kernel` (GemvConfig.dots): see their docstrings.
 """
 
 from __future__ import annotations
@@ -205,8 +206,9 @@ def _epilogue(y, y_up, sum_squares, rows, row_ok, pid_n, pid_k, bias_ptr, out_pt
               count_ptr, N, K, eps, NORM: tl.constexpr, SWIGLU: tl.constexpr,
               BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, GELU: tl.constexpr,
               REDUCE: tl.constexpr, SPLIT_K: tl.constexpr):
-    """What both kernels do with a block of dot products: finish it, or with REDUCE add it to
-    the block's partials, and finish the block if this is the last of its splits to arrive."""
+    """What every kernel here does with a block of dot products: finish it, or with REDUCE add
+    it to the block's partials, and finish the block if this is the last of its splits to
+    arrive."""
     if REDUCE:
         last, y, y_up, sum_squares = meet_in_partials(
             y, y_up, sum_squares, rows, row_ok, pid_n, part_ptr, part_ptr + N, part_ptr + 2 * N,
@@ -488,6 +490,8 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
     grid = (triton.cdiv(n, config.block_n), config.split_k)
     sums, counts = (partials.get(n, grid[0], out.device) if reduce
                     else (out, out))  # unread without REDUCE
+    if config.dots and not isinstance(w, Fp8Weight):
+        raise ValueError("dots: the tensor-core GEMV takes fp8 weights only")
     if isinstance(w, Int4Weight):
         groups = config.block_k // w.group_size
         if groups < 1 or groups & (groups - 1) or config.block_k % w.group_size:
@@ -520,8 +524,6 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
             w.scale if norm is None else norm, w.scale, u.scale, out, sums, counts, n, k, eps,
             BLOCK_K=config.block_k, EVEN=even, EXACT=not x.is_cuda, **flags, **pdl_options(x))
         return
-    if config.dots:
-        raise ValueError("dots: the tensor-core GEMV takes fp8 weights only")
     if isinstance(w, Fp8Weight):
         w, scale = w.weight, w.scale
         if up is not None:
