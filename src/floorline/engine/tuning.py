@@ -240,15 +240,16 @@ class GemvTuner:
         """The launch for W into `out`: the GEMV's, or with `rows` the rows product's."""
         if self.timer is None:
             return default_config(w) if rows else interpreter_config(w.shape[1], group_of(w))
-        precise = self.precise and isinstance(w, Fp8Weight) and not rows
+        fp8 = isinstance(w, Fp8Weight) and not rows
+        precise = self.precise and fp8
+        dots = fp8 and self.fp8_dots and not precise  # the tensor cores' launches offered
         key = self.key(w, out, rows, norm=norm, up=up, bias=bias, accumulate=accumulate,
                        precise=precise)
         if not rows:  # in-step tuning (tune_in_step) takes the GEMV's shapes
-            self.seen.setdefault(key, (w.shape[1], group_of(w), self.fp8_dots
-                                       and isinstance(w, Fp8Weight) and not precise))
+            self.seen.setdefault(key, (w.shape[1], group_of(w), dots))
         if key not in self.table:
             self.trials[key] = self.tune(w, out, norm=norm, up=up, bias=bias,
-                                         accumulate=accumulate, rows=rows, dots=not precise)
+                                         accumulate=accumulate, rows=rows, dots=dots)
             us, best = self.trials[key][0]
             weight_bytes = nbytes(w) * (2 if up else 1)
             self.use(key, best, us=round(us, 2), gbps=round(weight_bytes / us / 1e3, 1))
@@ -274,11 +275,11 @@ class GemvTuner:
         tmp.replace(self.file)
 
     def tune(self, w, out, *, norm, up, bias, accumulate, rows: bool = False,
-             dots: bool = True) -> list[tuple[float, GemvConfig]]:
+             dots: bool = False) -> list[tuple[float, GemvConfig]]:
         """Every candidate for this shape with its microseconds per product, fastest first
-        (with `rows`: the rows product's on ROWS rows; `dots`: fp8 also on the tensor cores,
-        where the GPU has their 8-bit dots); one the GPU cannot launch (OutOfResources: shared
-        memory or registers) is passed over."""
+        (with `rows`: the rows product's on ROWS rows; `dots`: fp8 also on the tensor cores);
+        one the GPU cannot launch (OutOfResources: shared memory or registers) is passed
+        over."""
         n, k = w.shape
         copies = rotation_copies(nbytes(w) * (2 if up else 1), self.device)
 
@@ -303,8 +304,7 @@ class GemvTuner:
         product = rows_product if rows else gemv
         results = []
         tried = (rows_candidates(k, group_of(w)) if rows
-                 else candidates(k, group_of(w),
-                                 dots and self.fp8_dots and isinstance(w, Fp8Weight)))
+                 else candidates(k, group_of(w), dots))
         for config in tried:
             def run(config=config):
                 for m, u in mats:

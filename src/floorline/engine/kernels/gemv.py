@@ -514,7 +514,7 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
         return
     scale = up_scale = None
     even = n % config.block_n == 0 and k % (config.split_k * config.block_k) == 0
-    if isinstance(w, Fp8Weight) and config.dots:
+    if config.dots:  # fp8, as checked above
         if config.block_n < 16 or config.block_k < 32:
             raise ValueError(f"block_n {config.block_n} and block_k {config.block_k}: the tensor "
                              "cores' fp8 tiles are at least 16 x 32")
