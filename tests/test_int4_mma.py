@@ -1,0 +1,70 @@
+"""The prototype int4 GEMV in CUDA on the tensor cores (bench/engine_int4_mma.py): its
+arithmetic, lane by lane as the kernel indexes registers and shared memory, against the
+dequantised product; and, where nvcc is installed, the kernel compiled for Hopper (sm_90) with
+the instructions its design rests on."""
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from floorline.engine import quant
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+from engine_int4_mma import emulate  # noqa: E402
+
+
+@pytest.mark.parametrize("n, k, sets, warps, splits", [
+    (128, 256, 1, 4, 1),  # one tile of two groups
+    (128, 1280, 2, 2, 2),  # ten groups in two splits: tiles of five, rows in two sets
+])
+def test_the_kernels_indexing_computes_w_x(n, k, sets, warps, splits):
+    torch.manual_seed(n + k)
+    w = quant.quantise(torch.randn(n, k) * 0.02, "int4")
+    x = torch.randn(k).to(torch.bfloat16)
+    x[7] = 30.0  # an outlier: its group scaled by it, as the residual stream's are
+    got = emulate(x, w, sets, warps, splits).double()
+
+    def error(want):
+        return ((got - want).norm() / want.norm()).item()
+
+    # x on the kernel's grid: per group of 128, 2^-14 of the power of two above its largest |x|
+    # (2^14 itself clamped to 2^14 - 1), where the integer arithmetic after it is exact
+    groups = x.double().reshape(-1, 128)
+    exponent = torch.frexp(groups.abs().amax(1, keepdim=True))[1] - 1
+    scale = torch.pow(2.0, 13 - exponent.double())
+    on_grid = (torch.round(groups * scale).clamp(max=16383) / scale).flatten()
+    assert error(w.dequantise().double() @ on_grid) < 1e-6
+    assert error(w.dequantise().double() @ x.double()) < 1e-3  # the bench's MAX_ERROR
+
+
+def test_the_emulation_refuses_launches_the_kernel_has_not():
+    w = quant.quantise(torch.randn(64, 256) * 0.02, "int4")
+    with pytest.raises(ValueError, match="a launch of"):
+        emulate(torch.zeros(256, dtype=torch.bfloat16), w, sets=1, warps=1)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_the_kernel_compiles_for_hopper_on_the_tensor_cores():
+    from conftest import compile_for_hopper
+
+    rows = [line.split() for line in compile_for_hopper("engine_int4_mma.py", "--sass")[1:]]
+    assert len(rows) == 4  # one per launch built
+    for sets, _warps, _registers, spilled, *rest in rows:
+        assert spilled == "0", rows
+        loop = " ".join(rest)
+        # a group's loop: the products on the tensor cores, 16-byte weight loads, one per row
+        # block, slice and set
+        assert f"IMMA {16 * int(sets)}" in loop and f"LDG {4 * int(sets)}" in loop, loop
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_the_kernel_builds_into_a_library_with_its_launch(tmp_path):
+    from engine_int4_mma import Int4Mma, build
+
+    kernel = Int4Mma(build("sm_90", tmp_path))  # loads without a GPU; launching needs one
+    w = quant.quantise(torch.randn(64, 256) * 0.02, "int4")
+    with pytest.raises(ValueError, match="64x256"):  # 64 rows: not a multiple of 4 warps' 128
+        kernel(torch.zeros(256, dtype=torch.bfloat16), w, torch.zeros(64), 2, 4, 1)
