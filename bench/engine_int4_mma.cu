@@ -155,10 +155,9 @@ __global__ void __launch_bounds__(WARPS * 32)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const size_t at = (size_t)(b_warp + 8 * set + 2 * tid + e) * (n_groups * 4) + 4 * g;
-          const uint2 s4 = *reinterpret_cast<const uint2*>(scales + at);
+          const __half2 s01 = reinterpret_cast<const __half2*>(scales + at)[0];
+          const __half2 s23 = reinterpret_cast<const __half2*>(scales + at)[1];
           const unsigned z4 = *reinterpret_cast<const unsigned*>(zeros + at);
-          const __half2 s01 = *reinterpret_cast<const __half2*>(&s4.x);
-          const __half2 s23 = *reinterpret_cast<const __half2*>(&s4.y);
           const float s[4] = {__low2float(s01), __high2float(s01), __low2float(s23),
                               __high2float(s23)};
 #pragma unroll
@@ -188,11 +187,13 @@ __global__ void __launch_bounds__(WARPS * 32)
 }  // namespace floorline_int4_mma
 
 // The launch, called through ctypes on the caller's stream (so that a CUDA graph captures it):
-// 0, a CUDA error, or -1 for a shape with no instance.
+// 0, a CUDA error, or -1 for a shape or launch with no instance.
 extern "C" int floorline_int4_mma_launch(const void* x, const void* w, const void* scales,
                                          const void* zeros, float* out, int n, int k, int sets,
                                          int warps, int splits, void* stream) {
   using namespace floorline_int4_mma;
+  if (splits < 1 || k < 128 || k % 128 || sets < 1 || warps < 1 || n % (32 * sets * warps))
+    return -1;
   const int n_groups = k / 128, per_split = (n_groups + splits - 1) / splits;
   const dim3 grid(n / (32 * sets * warps), (n_groups + per_split - 1) / per_split);
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
@@ -200,7 +201,9 @@ extern "C" int floorline_int4_mma_launch(const void* x, const void* w, const voi
   const auto* s = static_cast<const __half*>(scales);
   const auto* z = static_cast<const uint8_t*>(zeros);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (sets == 1 && warps == 4)
+  if (sets == 1 && warps == 2)
+    int4_mma_gemv<1, 2><<<grid, 64, 0, st>>>(xb, wu, s, z, out, k, per_split);
+  else if (sets == 1 && warps == 4)
     int4_mma_gemv<1, 4><<<grid, 128, 0, st>>>(xb, wu, s, z, out, k, per_split);
   else if (sets == 2 && warps == 2)
     int4_mma_gemv<2, 2><<<grid, 64, 0, st>>>(xb, wu, s, z, out, k, per_split);

@@ -39,8 +39,8 @@ import torch
 HERE = Path(__file__).parent
 SOURCE = HERE / "engine_int4_mma.cu"
 # (sets of 32 rows a warp, warps a block): the kernel's instances (its launch function)
-LAUNCHES = [(1, 4), (2, 2), (2, 4), (2, 8)]
-SPLITS = [1, 2, 4, 8]
+LAUNCHES = [(1, 2), (1, 4), (2, 2), (2, 4), (2, 8)]
+SPLITS = [1, 2, 4, 8, 16]
 MAX_ERROR = 1e-3  # relative, against the dequantised product; the engine's kernel errs ~1e-5
 
 def build(arch: str, into: Path) -> Path:
@@ -68,12 +68,18 @@ class Int4Mma:
 
     def __call__(self, x, w, out, sets: int, warps: int, splits: int) -> None:
         n, k = w.shape
-        if (n % (32 * sets * warps) or w.group_size != 128 or x.dtype != torch.bfloat16
-                or x.numel() != k or not x.is_contiguous() or x.data_ptr() % 16
-                or out.dtype != torch.float32 or out.numel() != n):
+        tensors = (x, w.qweight, w.scales, w.zeros, out)
+        if (n % (32 * sets * warps) or (sets, warps) not in LAUNCHES or splits < 1
+                or w.group_size != 128 or k < 128 or w.scales.shape[1] != k // 128 * 4
+                or (x.dtype, w.qweight.dtype, w.scales.dtype, w.zeros.dtype, out.dtype)
+                != (torch.bfloat16, torch.int32, torch.float16, torch.uint8, torch.float32)
+                or x.numel() != k or out.numel() != n
+                or not all(t.is_cuda and t.is_contiguous() for t in tensors)
+                or x.data_ptr() % 16 or w.qweight.data_ptr() % 16):
             raise ValueError(f"int4_mma: {n}x{k} in groups of {w.group_size}, x {x.dtype} "
-                             f"{tuple(x.shape)}, out {out.dtype} {tuple(out.shape)}, {sets} sets "
-                             f"of {warps} warps")
+                             f"{tuple(x.shape)} on {x.device}, out {out.dtype} "
+                             f"{tuple(out.shape)}, {sets} sets of {warps} warps, {splits} splits: "
+                             "not a launch the kernel has")
         status = self.launch(x.data_ptr(), w.qweight.data_ptr(), w.scales.data_ptr(),
                              w.zeros.data_ptr(), out.data_ptr(), n, k, sets, warps, splits,
                              torch.cuda.current_stream().cuda_stream)
@@ -292,8 +298,12 @@ def compare(model: str) -> list[dict]:
             except OutOfResources:  # as the tuner does: a launch this GPU cannot hold
                 continue
         mma, invalid = [], []
+        groups = k // 128
+        # each number of splits asked, and the splits the launch makes of the groups (8 asked
+        # of 28: 7 of 4 groups each), once each
+        made = {-(-groups // -(-groups // p)): p for p in reversed(SPLITS)}
         for sets, warps in LAUNCHES:
-            for splits in SPLITS:
+            for splits, asked in sorted(made.items()):
                 what = dict(sets=sets, warps=warps, splits=splits)
                 if ext is None:
                     invalid.append((what, built))
@@ -301,13 +311,15 @@ def compare(model: str) -> list[dict]:
                 if n % (32 * sets * warps):
                     continue
 
-                def launch(m, o, what=what, x=x):
-                    ext(x, m, o, **what)
+                def launch(m, o, sets=sets, warps=warps, asked=asked, x=x):
+                    ext(x, m, o, sets, warps, asked)
                 us, error = timed(launch, mats, n, want)
                 if error > MAX_ERROR:
                     invalid.append((what, f"errs by {error:.2e} against the reference"))
                 else:
                     mma.append((us, error, what))
+        if not engine:
+            raise SystemExit(f"{name} {n}x{k}: no launch of the engine's kernel fits this GPU")
         best = min(engine, key=lambda r: r[0])
         row = dict(product=name, shape=f"{n}x{k}", MB=nbytes(w) / 1e6, engine_us=best[0],
                    engine_gbps=nbytes(w) / best[0] / 1e3, engine_error=best[1],

@@ -51,7 +51,7 @@ def test_the_kernel_compiles_for_hopper_on_the_tensor_cores():
     from conftest import compile_for_hopper
 
     rows = [line.split() for line in compile_for_hopper("engine_int4_mma.py", "--sass")[1:]]
-    assert len(rows) == 4  # one per launch built
+    assert len(rows) == 5  # one per launch built
     for sets, _warps, _registers, spilled, *rest in rows:
         assert spilled == "0", rows
         loop = " ".join(rest)
@@ -66,5 +66,7 @@ def test_the_kernel_builds_into_a_library_with_its_launch(tmp_path):
 
     kernel = Int4Mma(build("sm_90", tmp_path))  # loads without a GPU; launching needs one
     w = quant.quantise(torch.randn(64, 256) * 0.02, "int4")
-    with pytest.raises(ValueError, match="64x256"):  # 64 rows: not a multiple of 4 warps' 128
-        kernel(torch.zeros(256, dtype=torch.bfloat16), w, torch.zeros(64), 2, 4, 1)
+    x, out = torch.zeros(256, dtype=torch.bfloat16), torch.zeros(64)
+    for sets, warps, splits in [(2, 4, 1), (1, 2, 0)]:  # 64 rows: not 4 warps' 256; no split
+        with pytest.raises(ValueError, match="64x256"):
+            kernel(x, w, out, sets, warps, splits)
