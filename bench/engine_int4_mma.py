@@ -205,17 +205,12 @@ def loops(sass: str) -> list[tuple[int, list[str]]]:
     return [(start, [t for a, t in code if start <= a <= end]) for start, end in spans]
 
 
-def sass(json_path: str | None) -> None:
+def compiled(library: Path) -> list[dict]:
+    """Per launch of a library built for sm_90: registers, spills, shared memory and its two
+    loops' instructions (cuobjdump reads the device code inside it)."""
     from engine_int4_sass import cuobjdump, opcode  # beside this script
 
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        raise SystemExit("nvcc is not on PATH: --sass compiles the kernel with it")
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "int4_mma.cubin"
-        subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-O3", "-o", str(cubin), str(SOURCE)],
-                       check=True, capture_output=True, text=True)
-        binary = cubin.read_bytes()
+    binary = library.read_bytes()
     usage = cuobjdump(binary, "-res-usage")
     code = cuobjdump(binary, "-sass")
     rows = []
@@ -235,6 +230,15 @@ def sass(json_path: str | None) -> None:
                          per_weight_group=len(inner) / weights,
                          per_weight_tile=per_tile / (8 * weights),
                          group_top=collections.Counter(opcode(t) for t in inner).most_common(8)))
+    return rows
+
+
+def sass(json_path: str | None) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            rows = compiled(build("sm_90", Path(tmp)))
+        except RuntimeError as e:
+            raise SystemExit(f"--sass: {e}") from None
     print(f"{'sets':>4} {'warps':>5} {'regs':>4} {'spill':>5} {'shared':>6} {'group loop':>10} "
           f"{'tile':>5} {'per weight':>10}  the group loop's most frequent")
     for r in rows:

@@ -1,7 +1,7 @@
 """The prototype int4 GEMV in CUDA on the tensor cores (bench/engine_int4_mma.py): its
 arithmetic, lane by lane as the kernel indexes registers and shared memory, against the
-dequantised product; and, where nvcc is installed, the kernel compiled for Hopper (sm_90) with
-the instructions its design rests on."""
+dequantised product; and, where nvcc is installed, the kernel built for Hopper (sm_90) with the
+instructions its design rests on, and its launch's checks."""
 
 import shutil
 import sys
@@ -47,24 +47,19 @@ def test_the_emulation_refuses_launches_the_kernel_has_not():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_the_kernel_compiles_for_hopper_on_the_tensor_cores():
-    from conftest import compile_for_hopper
+def test_the_kernel_builds_for_hopper_on_the_tensor_cores(tmp_path):
+    from engine_int4_mma import Int4Mma, build, compiled
 
-    rows = [line.split() for line in compile_for_hopper("engine_int4_mma.py", "--sass")[1:]]
+    library = build("sm_90", tmp_path)
+    rows = compiled(library)
     assert len(rows) == 5  # one per launch built
-    for sets, _warps, _registers, spilled, *rest in rows:
-        assert spilled == "0", rows
-        loop = " ".join(rest)
-        # a group's loop: the products on the tensor cores, 16-byte weight loads, one per row
-        # block, slice and set
-        assert f"IMMA {16 * int(sets)}" in loop and f"LDG {4 * int(sets)}" in loop, loop
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_the_kernel_builds_into_a_library_with_its_launch(tmp_path):
-    from engine_int4_mma import Int4Mma, build
-
-    kernel = Int4Mma(build("sm_90", tmp_path))  # loads without a GPU; launching needs one
+    for row in rows:
+        # no spills; a group's loop: the products on the tensor cores and 16-byte weight loads,
+        # one of each per row block, slice and set
+        top = dict(row["group_top"])
+        assert row["spilled_bytes"] == 0 and top["IMMA"] == 16 * row["sets"], row
+        assert top["LDG"] == 4 * row["sets"], row
+    kernel = Int4Mma(library)  # loads without a GPU; launching needs one
     w = quant.quantise(torch.randn(64, 256) * 0.02, "int4")
     x, out = torch.zeros(256, dtype=torch.bfloat16), torch.zeros(64)
     for sets, warps, splits in [(2, 4, 1), (1, 2, 0)]:  # 64 rows: not 4 warps' 256; no split
