@@ -98,10 +98,12 @@ __device__ __forceinline__ void prepare_x(const __nv_bfloat16* __restrict__ x, i
   }
 }
 
-// SETS: sets of 8 row blocks (32 rows) a warp covers; WARPS: warps a block, each its own rows.
+// SETS: sets of 8 row blocks (32 rows) a warp covers; WARPS: warps a block, each its own rows;
+// AHEAD: a group's weights are loaded while the group before it is multiplied (registers for
+// one more group's loads), else at the top of its own iteration.
 // w: the int4 words as 16-byte units [N / 4][K / 8]; grid: (N / (32 SETS WARPS), K-splits), each
 // split `groups_per_split` groups; out is added into (atomics: splits and calls accumulate).
-template <int SETS, int WARPS>
+template <int SETS, int WARPS, int AHEAD>
 __global__ void __launch_bounds__(WARPS * 32)
     int4_mma_gemv(const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ w,
                   const __half* __restrict__ scales, const uint8_t* __restrict__ zeros,
@@ -129,21 +131,42 @@ __global__ void __launch_bounds__(WARPS * 32)
     for (int s = 0; s < 4; ++s)
       own[s] = *reinterpret_cast<const uint4*>(sa[buffer] + gid * kRow + (s * 4 + tid) * 4);
     int c[SETS][4][4] = {};
-    for (int gg = 0; gg < tile; ++gg) {
+    // this lane's 16-byte units of group gg: [slice][set], at positions 4 s + tid
+    auto load = [&](int gg, uint4 (&u)[4][SETS]) {
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+#pragma unroll
+        for (int set = 0; set < SETS; ++set)
+          u[s][set] = w[(size_t)(b_warp + 8 * set + gid) * units + (t0 + gg) * 16 + 4 * s + tid];
+    };
+    auto multiply = [&](int gg, const uint4 (&u)[4][SETS]) {
       const bool mine = gid == gg;
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         const unsigned a[4] = {mine ? own[s].x : 0u, mine ? own[s].y : 0u,
                                mine ? own[s].z : 0u, mine ? own[s].w : 0u};
-        const int p = (t0 + gg) * 16 + 4 * s + tid;
 #pragma unroll
         for (int set = 0; set < SETS; ++set) {
-          const uint4 u = w[(size_t)(b_warp + 8 * set + gid) * units + p];
-          const unsigned words[4] = {u.x, u.y, u.z, u.w};
+          const unsigned words[4] = {u[s][set].x, u[s][set].y, u[s][set].z, u[s][set].w};
 #pragma unroll
           for (int r = 0; r < 4; ++r)
             mma_s8(c[set][r], a, words[r] & 0x0F0F0F0Fu, (words[r] >> 4) & 0x0F0F0F0Fu);
         }
+      }
+    };
+    uint4 even[4][SETS], odd[4][SETS];
+    if (!AHEAD) {
+      for (int gg = 0; gg < tile; ++gg) {
+        load(gg, even);
+        multiply(gg, even);
+      }
+    } else {  // two buffers in turn: two groups' loads in flight where one would be
+      load(0, even);
+      for (int gg = 0; gg < tile; gg += 2) {
+        if (gg + 1 < tile) load(gg + 1, odd);
+        multiply(gg, even);
+        if (gg + 2 < tile) load(gg + 2, even);
+        if (gg + 1 < tile) multiply(gg + 1, odd);
       }
     }
     if (gid < tile) {
@@ -190,7 +213,7 @@ __global__ void __launch_bounds__(WARPS * 32)
 // 0, a CUDA error, or -1 for a shape or launch with no instance.
 extern "C" int floorline_int4_mma_launch(const void* x, const void* w, const void* scales,
                                          const void* zeros, float* out, int n, int k, int sets,
-                                         int warps, int splits, void* stream) {
+                                         int warps, int ahead, int splits, void* stream) {
   using namespace floorline_int4_mma;
   if (splits < 1 || k < 128 || k % 128 || sets < 1 || warps < 1 || n % (32 * sets * warps))
     return -1;
@@ -201,17 +224,21 @@ extern "C" int floorline_int4_mma_launch(const void* x, const void* w, const voi
   const auto* s = static_cast<const __half*>(scales);
   const auto* z = static_cast<const uint8_t*>(zeros);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (sets == 1 && warps == 2)
-    int4_mma_gemv<1, 2><<<grid, 64, 0, st>>>(xb, wu, s, z, out, k, per_split);
-  else if (sets == 1 && warps == 4)
-    int4_mma_gemv<1, 4><<<grid, 128, 0, st>>>(xb, wu, s, z, out, k, per_split);
-  else if (sets == 2 && warps == 2)
-    int4_mma_gemv<2, 2><<<grid, 64, 0, st>>>(xb, wu, s, z, out, k, per_split);
-  else if (sets == 2 && warps == 4)
-    int4_mma_gemv<2, 4><<<grid, 128, 0, st>>>(xb, wu, s, z, out, k, per_split);
-  else if (sets == 2 && warps == 8)
-    int4_mma_gemv<2, 8><<<grid, 256, 0, st>>>(xb, wu, s, z, out, k, per_split);
-  else
-    return -1;
-  return (int)cudaGetLastError();
+  const int block = 32 * warps;
+#define FLOORLINE_INT4_MMA(SETS, WARPS, AHEAD)                                           \
+  if (sets == SETS && warps == WARPS && ahead == AHEAD) {                                \
+    int4_mma_gemv<SETS, WARPS, AHEAD><<<grid, block, 0, st>>>(xb, wu, s, z, out, k,      \
+                                                             per_split);                 \
+    return (int)cudaGetLastError();                                                      \
+  }
+  // the instances: engine_int4_mma.py's LAUNCHES
+  FLOORLINE_INT4_MMA(1, 2, 0)
+  FLOORLINE_INT4_MMA(1, 4, 0)
+  FLOORLINE_INT4_MMA(2, 2, 0)
+  FLOORLINE_INT4_MMA(2, 4, 0)
+  FLOORLINE_INT4_MMA(2, 8, 0)
+  FLOORLINE_INT4_MMA(1, 4, 1)
+  FLOORLINE_INT4_MMA(2, 4, 1)
+#undef FLOORLINE_INT4_MMA
+  return -1;
 }

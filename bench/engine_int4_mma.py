@@ -38,8 +38,9 @@ import torch
 
 HERE = Path(__file__).parent
 SOURCE = HERE / "engine_int4_mma.cu"
-# (sets of 32 rows a warp, warps a block): the kernel's instances (its launch function)
-LAUNCHES = [(1, 2), (1, 4), (2, 2), (2, 4), (2, 8)]
+# (sets of 32 rows a warp, warps a block, the next group's weights loaded ahead): the kernel's
+# instances (its launch function)
+LAUNCHES = [(1, 2, 0), (1, 4, 0), (2, 2, 0), (2, 4, 0), (2, 8, 0), (1, 4, 1), (2, 4, 1)]
 SPLITS = [1, 2, 4, 8, 16]
 MAX_ERROR = 1e-3  # relative, against the dequantised product; the engine's kernel errs ~1e-5
 
@@ -57,19 +58,18 @@ def build(arch: str, into: Path) -> Path:
 
 
 class Int4Mma:
-    """The built kernel: call(x, w, out, sets, warps, splits) adds W x into out."""
+    """The built kernel: call(x, w, out, sets, warps, ahead, splits) adds W x into out."""
 
     def __init__(self, library: Path):
         self.lib = ctypes.CDLL(str(library))
         self.launch = self.lib.floorline_int4_mma_launch
         self.launch.restype = ctypes.c_int
-        self.launch.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_void_p] + [ctypes.c_int] * 5 + [
-            ctypes.c_void_p]
+        self.launch.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 6 + [ctypes.c_void_p]
 
-    def __call__(self, x, w, out, sets: int, warps: int, splits: int) -> None:
+    def __call__(self, x, w, out, sets: int, warps: int, ahead: int, splits: int) -> None:
         n, k = w.shape
         tensors = (x, w.qweight, w.scales, w.zeros, out)
-        if (n % (32 * sets * warps) or (sets, warps) not in LAUNCHES or splits < 1
+        if (n % (32 * sets * warps) or (sets, warps, ahead) not in LAUNCHES or splits < 1
                 or w.group_size != 128 or k < 128 or w.scales.shape[1] != k // 128 * 4
                 or (x.dtype, w.qweight.dtype, w.scales.dtype, w.zeros.dtype, out.dtype)
                 != (torch.bfloat16, torch.int32, torch.float16, torch.uint8, torch.float32)
@@ -78,13 +78,14 @@ class Int4Mma:
                 or x.data_ptr() % 16 or w.qweight.data_ptr() % 16):
             raise ValueError(f"int4_mma: {n}x{k} in groups of {w.group_size}, x {x.dtype} "
                              f"{tuple(x.shape)} on {x.device}, out {out.dtype} "
-                             f"{tuple(out.shape)}, {sets} sets of {warps} warps, {splits} splits: "
-                             "not a launch the kernel has")
+                             f"{tuple(out.shape)}, {sets} sets of {warps} warps (ahead "
+                             f"{ahead}), {splits} splits: not a launch the kernel has")
         status = self.launch(x.data_ptr(), w.qweight.data_ptr(), w.scales.data_ptr(),
-                             w.zeros.data_ptr(), out.data_ptr(), n, k, sets, warps, splits,
+                             w.zeros.data_ptr(), out.data_ptr(), n, k, sets, warps, ahead, splits,
                              torch.cuda.current_stream().cuda_stream)
         if status:
-            raise RuntimeError(f"int4_mma: launch failed ({status}) for {sets} sets, {warps} warps")
+            raise RuntimeError(f"int4_mma: launch failed ({status}) for {sets} sets, {warps} "
+                               f"warps, ahead {ahead}")
 
 
 def emulate(x: torch.Tensor, w, sets: int = 2, warps: int = 4, splits: int = 1) -> torch.Tensor:
@@ -97,7 +98,7 @@ def emulate(x: torch.Tensor, w, sets: int = 2, warps: int = 4, splits: int = 1) 
     computes W x."""
     n, k = w.shape
     n_groups, rows = k // 128, 32 * sets * warps
-    if n % rows or k % 128 or w.group_size != 128 or (sets, warps) not in LAUNCHES:
+    if n % rows or k % 128 or w.group_size != 128 or (sets, warps, 0) not in LAUNCHES:
         raise ValueError(f"{n}x{k} in groups of {w.group_size}, {sets} sets, {warps} warps: "
                          f"rows a multiple of {rows}, groups of 128, a launch of {LAUNCHES}")
     words = w.qweight.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [N / 4, K / 8 * 4]
@@ -214,8 +215,8 @@ def compiled(library: Path) -> list[dict]:
     usage = cuobjdump(binary, "-res-usage")
     code = cuobjdump(binary, "-sass")
     rows = []
-    for s, w in LAUNCHES:
-        name = f"int4_mma_gemvILi{s}ELi{w}E"
+    for s, w, ahead in LAUNCHES:
+        name = f"int4_mma_gemvILi{s}ELi{w}ELi{ahead}E"
         function = next(f for f in re.split(r"\n\s*Function : ", code) if f.startswith("_Z")
                         and name in f.split("\n")[0])
         facts = next(line for line in usage.split("Function ")[1:] if name in line)
@@ -223,12 +224,13 @@ def compiled(library: Path) -> list[dict]:
                                     for k in ("REG", "STACK", "SHARED"))
         (_, inner), (_, tile) = loops(function)[:2]
         weights = s * 4 * 4 * 8  # a lane's weights a group: sets x slices x rows x nibbles
-        per_tile = 8 * len(inner) + len(tile) - len(inner)
-        rows.append(dict(sets=s, warps=w, registers=registers, spilled_bytes=stack,
+        weights *= 2 if ahead else 1  # ahead: two groups a turn of the loop
+        per_tile = len(tile) - len(inner) + 8 * len(inner) * s * 4 * 4 * 8 // weights
+        rows.append(dict(sets=s, warps=w, ahead=ahead, registers=registers, spilled_bytes=stack,
                          shared_bytes=shared, group_loop=len(inner),
                          tile_overhead=len(tile) - len(inner),
                          per_weight_group=len(inner) / weights,
-                         per_weight_tile=per_tile / (8 * weights),
+                         per_weight_tile=per_tile / (8 * s * 4 * 4 * 8),
                          group_top=collections.Counter(opcode(t) for t in inner).most_common(8)))
     return rows
 
@@ -239,11 +241,12 @@ def sass(json_path: str | None) -> None:
             rows = compiled(build("sm_90", Path(tmp)))
         except RuntimeError as e:
             raise SystemExit(f"--sass: {e}") from None
-    print(f"{'sets':>4} {'warps':>5} {'regs':>4} {'spill':>5} {'shared':>6} {'group loop':>10} "
-          f"{'tile':>5} {'per weight':>10}  the group loop's most frequent")
+    print(f"{'sets':>4} {'warps':>5} {'ahead':>5} {'regs':>4} {'spill':>5} {'shared':>6} "
+          f"{'group loop':>10} {'tile':>5} {'per weight':>10}  the group loop's most frequent")
     for r in rows:
-        print(f"{r['sets']:4} {r['warps']:5} {r['registers']:4} {r['spilled_bytes']:5} "
-              f"{r['shared_bytes']:6} {r['group_loop']:10} {r['tile_overhead']:5} "
+        print(f"{r['sets']:4} {r['warps']:5} {r['ahead']:5} {r['registers']:4} "
+              f"{r['spilled_bytes']:5} {r['shared_bytes']:6} {r['group_loop']:10} "
+              f"{r['tile_overhead']:5} "
               f"{r['per_weight_tile']:10.2f}  "
               + ", ".join(f"{k} {v}" for k, v in r["group_top"]))
     if json_path:
@@ -306,17 +309,17 @@ def compare(model: str) -> list[dict]:
         # each number of splits asked, and the splits the launch makes of the groups (8 asked
         # of 28: 7 of 4 groups each), once each
         made = {-(-groups // -(-groups // p)): p for p in reversed(SPLITS)}
-        for sets, warps in LAUNCHES:
+        for sets, warps, ahead in LAUNCHES:
             for splits, asked in sorted(made.items()):
-                what = dict(sets=sets, warps=warps, splits=splits)
+                what = dict(sets=sets, warps=warps, ahead=ahead, splits=splits)
                 if ext is None:
                     invalid.append((what, built))
                     continue
                 if n % (32 * sets * warps):
                     continue
 
-                def launch(m, o, sets=sets, warps=warps, asked=asked, x=x):
-                    ext(x, m, o, sets, warps, asked)
+                def launch(m, o, sets=sets, warps=warps, ahead=ahead, asked=asked, x=x):
+                    ext(x, m, o, sets, warps, ahead, asked)
                 us, error = timed(launch, mats, n, want)
                 if error > MAX_ERROR:
                     invalid.append((what, f"errs by {error:.2e} against the reference"))

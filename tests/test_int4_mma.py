@@ -52,16 +52,17 @@ def test_the_kernel_builds_for_hopper_on_the_tensor_cores(tmp_path):
 
     library = build("sm_90", tmp_path)
     rows = compiled(library)
-    assert len(rows) == 5  # one per launch built
+    assert len(rows) == 7  # one per launch built
     for row in rows:
-        # no spills; a group's loop: the products on the tensor cores and 16-byte weight loads,
-        # one of each per row block, slice and set
-        top = dict(row["group_top"])
-        assert row["spilled_bytes"] == 0 and top["IMMA"] == 16 * row["sets"], row
-        assert top["LDG"] == 4 * row["sets"], row
+        # no spills; a group's loop (two groups with the loads ahead): the products on the tensor
+        # cores and 16-byte weight loads, one of each per row block, slice and set
+        top, groups = dict(row["group_top"]), 2 if row["ahead"] else 1
+        assert row["spilled_bytes"] == 0 and top["IMMA"] == 16 * row["sets"] * groups, row
+        assert top["LDG"] == 4 * row["sets"] * groups, row
     kernel = Int4Mma(library)  # loads without a GPU; launching needs one
     w = quant.quantise(torch.randn(64, 256) * 0.02, "int4")
     x, out = torch.zeros(256, dtype=torch.bfloat16), torch.zeros(64)
-    for sets, warps, splits in [(2, 4, 1), (1, 2, 0)]:  # 64 rows: not 4 warps' 256; no split
+    # 64 rows: not 4 warps' 256; no split; no instance
+    for sets, warps, ahead, splits in [(2, 4, 0, 1), (1, 2, 0, 0), (1, 2, 1, 1)]:
         with pytest.raises(ValueError, match="64x256"):
-            kernel(x, w, out, sets, warps, splits)
+            kernel(x, w, out, sets, warps, ahead, splits)
