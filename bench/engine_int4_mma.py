@@ -8,9 +8,9 @@ products do before their fusions; it enters the engine only if it wins here.
     python bench/engine_int4_mma.py --model qwen2.5-7b [--json out.json]   # a CUDA GPU
 
 --sass compiles the kernel for Hopper (sm_90) with nvcc and counts the instructions of its two
-loops: the inner one (a group: 16 words a row, 4 x 4 x 32 weights a lane per set of rows) and
-the tile's (x turned into the tensor cores' operand and the sums scaled, once per 8 groups),
-and so the instructions a weight over a whole tile; the engine's kernel spends 1.5-2.3
+loops: the inner one (a group: 16 words a row; a lane's 4 slices x 4 rows x 8 weights per set of
+rows) and the tile's (x turned into the tensor cores' operand and the sums scaled, once per 8
+groups), and so the instructions a weight over a whole tile; the engine's kernel spends 1.5-2.3
 (bench/engine_int4_sass.py).
 
 On a GPU it builds the kernel with nvcc for the GPU's architecture, checks every
@@ -43,6 +43,7 @@ SOURCE = HERE / "engine_int4_mma.cu"
 LAUNCHES = [(1, 2, 0), (1, 4, 0), (2, 2, 0), (2, 4, 0), (2, 8, 0), (1, 4, 1), (2, 4, 1)]
 SPLITS = [1, 2, 4, 8, 16]
 MAX_ERROR = 1e-3  # relative, against the dequantised product; the engine's kernel errs ~1e-5
+
 
 def build(arch: str, into: Path) -> Path:
     """The kernel and its launch compiled by nvcc into a shared library for `arch` (sm_90)."""
