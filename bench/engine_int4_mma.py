@@ -27,7 +27,6 @@ import collections
 import ctypes
 import dataclasses
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -197,20 +196,10 @@ def emulate(x: torch.Tensor, w, sets: int = 2, warps: int = 4, splits: int = 1) 
     return out.float()
 
 
-def loops(sass: str) -> list[tuple[int, list[str]]]:
-    """Per backward branch of one function's code, innermost first: its start and body."""
-    code = [(int(m.group(1), 16), m.group(2).strip())
-            for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
-    spans = sorted(((int(b.group(1), 16), a) for a, t in code
-                    for b in [re.search(r"BRA 0x([0-9a-f]+)", t)]
-                    if b and int(b.group(1), 16) < a), key=lambda s: s[1] - s[0])
-    return [(start, [t for a, t in code if start <= a <= end]) for start, end in spans]
-
-
 def compiled(library: Path) -> list[dict]:
     """Per launch of a library built for sm_90: registers, spills, shared memory and its two
     loops' instructions (cuobjdump reads the device code inside it)."""
-    from engine_int4_sass import cuobjdump, opcode  # beside this script
+    from engine_int4_sass import cuobjdump, loops, opcode  # beside this script
 
     binary = library.read_bytes()
     usage = cuobjdump(binary, "-res-usage")
@@ -223,7 +212,7 @@ def compiled(library: Path) -> list[dict]:
         facts = next(line for line in usage.split("Function ")[1:] if name in line)
         registers, stack, shared = (int(re.search(rf"{k}:(\d+)", facts).group(1))
                                     for k in ("REG", "STACK", "SHARED"))
-        (_, inner), (_, tile) = loops(function)[:2]
+        inner, tile = sorted(loops(function), key=len)[:2]  # the group's loop inside the tile's
         weights = s * 4 * 4 * 8  # a lane's weights a group: sets x slices x rows x nibbles
         weights *= 2 if ahead else 1  # ahead: two groups a turn of the loop
         per_tile = len(tile) - len(inner) + 8 * len(inner) * s * 4 * 4 * 8 // weights
@@ -353,7 +342,6 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     if args.sass:
-        os.environ.pop("TRITON_INTERPRET", None)
         sass(args.json)
         return
     if not torch.cuda.is_available():

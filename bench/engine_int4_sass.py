@@ -53,17 +53,21 @@ def resource_usage(cubin: bytes) -> tuple[int, int]:
     return registers, stack
 
 
-def loop_body(cubin: bytes) -> list[str]:
-    """The instructions of a compiled kernel's first loop (the body of its first backward
-    branch)."""
-    sass = cuobjdump(cubin, "-sass")
+def loops(sass: str) -> list[list[str]]:
+    """The instructions of each loop (the body of each backward branch) of disassembled code, in
+    the code's order."""
     code = [(int(m.group(1), 16), m.group(2).strip())
             for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
-    back = [(a, int(b.group(1), 16)) for a, t in code
+    back = [(int(b.group(1), 16), a) for a, t in code
             for b in [re.search(r"(?:@!?P\d )?BRA 0x([0-9a-f]+)", t)]
             if b and int(b.group(1), 16) < a]
-    end, start = back[0]
-    return [t for a, t in code if start <= a <= end]
+    return [[t for a, t in code if start <= a <= end] for start, end in back]
+
+
+def loop_body(cubin: bytes) -> list[str]:
+    """The instructions of a compiled kernel's first loop (the body of its first backward
+    branch); IndexError where it has none."""
+    return loops(cuobjdump(cubin, "-sass"))[0]
 
 
 def opcode(instruction: str) -> str:
