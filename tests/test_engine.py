@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from tests.conftest import shipped_config
+from tests.conftest import KERNEL_DEVICE, shipped_config
 
 from floorline.engine import Engine, tuning
 from floorline.engine.check import compare_with_transformers
@@ -73,7 +73,7 @@ def test_bf16_logits_stay_in_transformers_own_band():
 
 def test_the_kernels_decode_like_transformers():
     # the Triton backend (the interpreter on the CPU): few steps, it is slow there
-    result = compare_with_transformers(resolve_model("tiny-qwen2"), "cpu", torch.float32,
+    result = compare_with_transformers(resolve_model("tiny-qwen2"), KERNEL_DEVICE, torch.float32,
                                        prompt_len=6, steps=3, backend="triton")
     assert result.backend == "triton"
     assert result.argmax_agree == result.positions == 4
@@ -83,9 +83,9 @@ def test_the_kernels_decode_like_transformers():
 def test_the_kernels_decode_like_transformers_with_every_product_split(monkeypatch):
     # every GEMV split along K in two, so q/k/v, gate/up and the head meet in partials shared by
     # the layers' launches of one shape: the step still decodes as transformers does
-    monkeypatch.setattr(tuning, "interpreter_config",
-                        lambda k, group=None: GemvConfig(16, 16, split_k=2))
-    result = compare_with_transformers(resolve_model("tiny-qwen2"), "cpu", torch.float32,
+    monkeypatch.setattr(tuning.GemvTuner, "config",
+                        lambda self, w, out, **flags: GemvConfig(16, 16, split_k=2))
+    result = compare_with_transformers(resolve_model("tiny-qwen2"), KERNEL_DEVICE, torch.float32,
                                        prompt_len=6, steps=3, backend="triton")
     assert result.argmax_agree == result.positions == 4
     assert max(result.errors) < 1e-5
@@ -181,9 +181,9 @@ def test_sampling_through_the_engines_argmax_kernel():
 
     from floorline.engine.kernels.tokens import argmax, argmax_scratch
 
-    logits = torch.tensor([1.0, 3.0, 2.5, -1.0])
-    token = torch.zeros(1, dtype=torch.long)
-    kernel = partial(argmax, scratch=argmax_scratch(4, "cpu"))
+    logits = torch.tensor([1.0, 3.0, 2.5, -1.0], device=KERNEL_DEVICE)
+    token = torch.zeros(1, dtype=torch.long, device=KERNEL_DEVICE)
+    kernel = partial(argmax, scratch=argmax_scratch(4, KERNEL_DEVICE))
     Sampler()(logits, token, kernel)
     assert token.item() == 1
     torch.manual_seed(1)

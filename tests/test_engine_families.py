@@ -5,6 +5,7 @@ rotary base, linear and LongRoPE scaling, partial rotary embeddings, fused check
 
 import pytest
 import torch
+from tests.conftest import KERNEL_DEVICE
 
 from floorline.engine import Engine
 from floorline.engine.check import compare_with_transformers
@@ -74,8 +75,8 @@ def test_bf16_logits_stay_in_transformers_own_band(name):
 @pytest.mark.parametrize("name", ["qwen3", "gemma3", "phi3-longrope"])
 def test_the_kernels_decode_like_transformers(name):
     # the Triton kernels in the interpreter: positions 20-26 cross the Gemma window of 24
-    result = compare_with_transformers(spec(name), "cpu", torch.float32, prompt_len=20, steps=6,
-                                       backend="triton")
+    result = compare_with_transformers(spec(name), KERNEL_DEVICE, torch.float32, prompt_len=20,
+                                       steps=6, backend="triton")
     assert result.argmax_agree == result.positions == 7
     assert max(result.errors) < 1e-5
 
@@ -86,7 +87,8 @@ def test_the_kernels_decode_like_transformers(name):
 def test_quantised_weights_decode_like_transformers_on_them(name, weights, backend):
     # Phi-3's fused gate_up split in int4; Gemma's GeGLU in the int4 kernel
     steps = 64 if backend == "reference" else 2
-    r = compare_with_transformers(spec(name), "cpu", torch.float32, prompt_len=16, steps=steps,
+    device = KERNEL_DEVICE if backend == "triton" else "cpu"
+    r = compare_with_transformers(spec(name), device, torch.float32, prompt_len=16, steps=steps,
                                   weights=weights, group_size=32, backend=backend)
     assert r.argmax_agree == r.positions == steps + 1
     # the int4 kernel rounds x to 16-bit integers even in an fp32 run (1.8e-4 seen), against

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tests.conftest import KERNEL_DEVICE
 
 from floorline.engine import Engine, quant
 from floorline.engine.check import compare_with_transformers, relative_error
@@ -82,7 +83,8 @@ def test_the_engine_runs_and_reports_its_group(tmp_path):
 def test_automatic_groups_decode_like_transformers(tmp_path, backend):
     spec = tiny(tmp_path, 160, 5, 288)  # group 32
     steps = 8 if backend == "reference" else 2  # the interpreter runs each kernel slowly
-    r = compare_with_transformers(spec, "cpu", torch.float32, prompt_len=4, steps=steps,
+    device = KERNEL_DEVICE if backend == "triton" else "cpu"
+    r = compare_with_transformers(spec, device, torch.float32, prompt_len=4, steps=steps,
                                   backend=backend, graph=False, weights="int4")
     assert r.argmax_agree == r.positions == steps + 1
     # the kernels take x as integers scaled per chunk (a rounding of 2^-14), the reference not
@@ -100,7 +102,7 @@ def test_every_tuning_tile_of_the_small_groups_matches_the_reference(group):
     n, k = 24, 1024  # blocks of 16 rows leave a ragged one
 
     def draw(*shape, scale=1.0):
-        return torch.randn(shape, generator=g) * scale
+        return torch.randn(shape, generator=g).to(KERNEL_DEVICE) * scale
 
     w, up = (quant.quantise_int4(draw(n, k, scale=0.05), group) for _ in range(2))
     x, h = draw(k), draw(n)
@@ -117,7 +119,8 @@ def test_every_tuning_tile_of_the_small_groups_matches_the_reference(group):
                           bias=bias if fusion.get("bias") else None,
                           accumulate=fusion.get("accumulate", False),
                           act=fusion.get("act", "silu"))
-            mine = h.clone() if kwargs["accumulate"] else torch.full((n,), float("nan"))
+            mine = (h.clone() if kwargs["accumulate"]
+                    else torch.full((n,), float("nan"), device=KERNEL_DEVICE))
             ref = mine.clone()
             gemv(x, w, mine, config=config, partials=partials, **kwargs)
             gemv_reference(x, w, ref, **kwargs)
@@ -133,7 +136,10 @@ def test_gguf_q4_0_blocks_are_int4_of_group_32():
     w = quant.int4_from_integers(q, torch.full((n, k // 32), 8), d, 32)
     expected = (q - 8).float() * d.float().repeat_interleave(32, dim=1)
     assert torch.equal(w.dequantise(), expected)
-    x, mine, ref = torch.randn(k, generator=g), torch.zeros(n), torch.zeros(n)
+    w = quant.int4_from_integers(q.to(KERNEL_DEVICE), torch.full((n, k // 32), 8,
+                                 device=KERNEL_DEVICE), d.to(KERNEL_DEVICE), 32)
+    x = torch.randn(k, generator=g).to(KERNEL_DEVICE)
+    mine, ref = (torch.zeros(n, device=KERNEL_DEVICE) for _ in "ab")
     gemv(x, w, mine, config=candidates(k, 32)[0])
     gemv_reference(x, w, ref)
     assert relative_error(mine, ref) < 5e-4

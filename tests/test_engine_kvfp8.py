@@ -15,6 +15,7 @@ from floorline.engine.kernels.attention import (
     decode_attention_reference,
 )
 from floorline.engine.kvcache import FP8, KVCache, dequantise, quantise
+from floorline.engine.model import EngineUnsupported
 from floorline.errors import FloorlineError
 from floorline.hardware import lookup
 from floorline.measure.sweep import default_grid
@@ -48,7 +49,7 @@ def test_quantise_uses_the_whole_e4m3_range_per_vector():
     assert ((y - x).abs() <= bound).all()
 
 
-def fp8_attention_case(dtype, pos, window, splits, seed, heads=6, kv_heads=2, d=16,
+def fp8_attention_case(dtype, pos, window, splits, seed, heads=6, kv_heads=2, d=32,
                        capacity=40):
     """The kernel and the reference on one fp8 cache; each result is (out, K, V, K scales,
     V scales), V token-major (the cache holds it transposed)."""
@@ -96,10 +97,10 @@ def test_fp8_write_and_decode_attention_match_the_reference(dtype, pos, window):
     assert relative_error(dequantise(k[:, pos], ks[:, pos], torch.float32),
                           dequantise(ref_k[:, pos], ref_ks[:, pos], torch.float32)) < 4e-2
     # and what was written is the new v quantised (v is not rotated): independent of the kernel
-    heads, kv_heads, d = 6, 2, 16
+    heads, kv_heads, d = 6, 2, 32
     qkv = torch.randn((heads + 2 * kv_heads) * d, generator=torch.Generator().manual_seed(pos))
     v_new = qkv.to(dtype)[(heads + kv_heads) * d:].view(kv_heads, d).float()
-    assert relative_error(dequantise(mine[2][:, pos], mine[4][:, pos], torch.float32),
+    assert relative_error(dequantise(mine[2][:, pos], mine[4][:, pos], torch.float32).cpu(),
                           v_new) < 4e-2
 
 
@@ -148,15 +149,17 @@ def test_the_kernel_refuses_fp8_tiles_longer_than_the_cache_slack():
 def teacher_forced(spec, dtype, n, steps, backend=None, other_backend=None):
     """Relative error of the fp8-cache engine's logits against the 16-bit-cache engine's (or,
     with other_backend, against the fp8 engine on that backend), per position."""
-    first = Engine(spec, "cpu", n + steps + 1, dtype=dtype, kv="fp8", backend=backend)
-    second = Engine(spec, "cpu", n + steps + 1, dtype=dtype,
+    def device(backend):  # the kernels run where they are compiled or interpreted
+        return DEVICE if backend == "triton" else "cpu"
+    first = Engine(spec, device(backend), n + steps + 1, dtype=dtype, kv="fp8", backend=backend)
+    second = Engine(spec, device(other_backend), n + steps + 1, dtype=dtype,
                     kv="fp8" if other_backend else "bf16", backend=other_backend)
     tokens = torch.randint(first.config.vocab, (n,), generator=torch.Generator().manual_seed(n))
-    errors = [relative_error(first.prefill(tokens), second.prefill(tokens))]
+    errors = [relative_error(first.prefill(tokens).cpu(), second.prefill(tokens).cpu())]
     for _ in range(steps):
         first.token.copy_(second.token)
         first.step(), second.step()
-        errors.append(relative_error(first.logits, second.logits))
+        errors.append(relative_error(first.logits.cpu(), second.logits.cpu()))
     return errors
 
 
@@ -265,6 +268,24 @@ def test_bad_kv_options_are_one_line(cli, args, message):
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
     with pytest.raises(FloorlineError, match="not 'fp16'"):
         Engine(resolve_model("tiny-llama"), "cpu", 8, kv="fp16")
+
+
+def test_heads_too_narrow_for_the_fp8_products_are_refused_at_load(cli, tmp_path):
+    # tiny-qwen2's heads are 16 wide: its 16-bit fp8-cache attention cannot be compiled (the
+    # tensor cores sum 8-bit values over 32 or more), so the kernels' engine refuses it at load
+    # in one line, on the GPU as under the interpreter; float32 products and the CPU's
+    # reference run it
+    spec = resolve_model("tiny-qwen2")
+    with pytest.raises(EngineUnsupported, match="head_dim 16: the fp8 KV cache's attention"):
+        Engine(spec, DEVICE, 8, kv="fp8", backend="triton")
+    Engine(spec, DEVICE, 8, dtype=torch.float32, kv="fp8", backend="triton")
+    Engine(spec, "cpu", 8, kv="fp8", backend="reference")
+    if DEVICE == "cuda":  # a sweep's cell on the GPU: invalid, with the reason
+        db = tmp_path / "k.db"
+        cli("sweep", "--models", "tiny-qwen2", "--ctx", "16", "--paths", "engine-kvfp8",
+            "--steps", "2", "--warmup", "1", "--db", db, check=True)
+        (cell,) = json.loads(cli("show", "--db", db, "--json", check=True).stdout)
+        assert cell["status"] == "invalid" and "head_dim 16" in cell["reason"]
 
 
 def test_explain_runs_an_fp8_kv_cell_at_the_models_limit(cli, tmp_path):

@@ -261,7 +261,7 @@ def test_bf16_int4_logits_stay_in_transformers_own_band():
 
 
 def test_the_int4_kernels_decode_like_transformers():
-    r = compare_with_transformers(resolve_model("tiny-llama"), "cpu", torch.float32,
+    r = compare_with_transformers(resolve_model("tiny-llama"), DEVICE, torch.float32,
                                   prompt_len=8, steps=6, backend="triton", graph=False,
                                   weights="int4", head="fp8")
     # the int4 kernel rounds x to 16-bit integers even in an fp32 run (6.5e-5 seen), against

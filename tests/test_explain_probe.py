@@ -2,15 +2,24 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from conftest import gpu_only, run_cli
 from floorline.hardware import lookup
-from floorline.measure.explain import by_class, classify, decompose, explain, union_us
+from floorline.measure.explain import by_class, classify, decompose, exclusive, explain, union_us
 from floorline.measure.probe import probe
 
 
 def test_union_of_overlapping_intervals():
     assert union_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
     assert union_us([]) == 0
+
+
+def test_overlapping_kernels_share_the_timeline_first_come():
+    # Programmatic dependent launch: b starts at 3 while a runs to 4, c starts inside b. Each
+    # instant goes to the kernel that started first among those running.
+    spans = [("b", 3, 9), ("a", 0, 4), ("c", 8, 10), ("d", 12, 13)]
+    shares = {name: own for name, _, _, own in exclusive(spans)}
+    assert shares == {"a": 4, "b": 5, "c": 1, "d": 1}
+    assert sum(shares.values()) == union_us([(s, e) for _, s, e in spans])
 
 
 @pytest.mark.parametrize("name, cls", [
@@ -70,6 +79,29 @@ def test_explain_a_tiny_cell_on_the_cpu():
     # Two layers x 7 linears + the LM head: 15 matrix products a step.
     assert mv["kernels_per_step"] >= 15 and mv["ms"] > 0 and mv["gbps"] > 0
     assert r["classes"]["sampling"]["kernels_per_step"] == 1
+    # per layer: the step beyond its floor, and its parts, over tiny-llama's two layers
+    layer = r["per_layer"]
+    assert layer["layers"] == 2
+    assert layer["fixed_us"] == pytest.approx((d["median_ms"] - d["floor_ms"]) * 1e3 / 2)
+    assert layer["fixed_us"] == pytest.approx(sum(layer[k] for k in (
+        "lost_in_kernels_us", "other_kernels_us", "launch_and_idle_us")))
+
+
+@gpu_only("the engine's graph-replayed kernels under the profiler, which overlap (programmatic "
+          "dependent launch) and each take the profiler's own cost")
+def test_explain_splits_the_engines_graphed_step_on_a_gpu():
+    from floorline.hardware import detect
+
+    # qwen3-0.6b's weights (1.2 GB) do not stay in the cache between steps
+    r = explain("qwen3-0.6b", 128, "engine", "cuda", detect("cuda"), steps=8, warmup=16)
+    d, layer = r["decomposition"], r["per_layer"]
+    assert all(d[k] >= 0 for k in PARTS) and sum(d[k] for k in PARTS) == pytest.approx(
+        d["median_ms"])
+    # the kernels' shares sum to the time the GPU was busy, whatever their overlap
+    assert d["kernel_ms"] == pytest.approx(d["busy_union_ms"] * d["profiler_scale"])
+    assert layer["layers"] == 28 and layer["kernels"] == pytest.approx(
+        r["kernels_per_step"] / 28)
+    assert layer["fixed_us"] == pytest.approx((d["median_ms"] - d["floor_ms"]) * 1e3 / 28)
 
 
 def test_probe_on_the_cpu_and_in_the_cells_table(tmp_path):

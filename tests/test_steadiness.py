@@ -1,7 +1,8 @@
 """Steady, or flagged, or refused: an unsteady cell keeps its figures but is left out of every
-figure and fit; the host's load around each cell; explain refuses a split it cannot make; the
-CPU's floor is marked as measured."""
+figure and fit; the host's load around each cell; explain splits what the profiler stretched and
+refuses only a split it cannot make; the CPU's floor is marked as measured."""
 
+import dataclasses
 import io
 import json
 
@@ -17,7 +18,13 @@ from floorline.measure import cell as cell_module
 from floorline.measure import explain as explain_module
 from floorline.measure import host
 from floorline.measure.cell import measure_cell
-from floorline.measure.explain import by_class, decompose, explain, split_problem
+from floorline.measure.explain import (
+    by_class,
+    decompose,
+    explain,
+    profiler_scale,
+    split_problem,
+)
 from floorline.measure.runner import ChildFailed
 from floorline.measure.steadiness import MAX_DRIFT, MAX_SPREAD, unsteady_reason
 from floorline.records import UNSTEADY, VALID, CellKey, CellResult
@@ -239,38 +246,56 @@ def test_sweep_prints_the_warning_in_yellow():
     assert "\x1b[33munsteady: m: drift 3.000" in buffer.getvalue()
 
 
-# --- explain refuses a negative share ---------------------------------------------------------
+# --- explain splits what the profiler stretched, and refuses only an unusable split ----------
 
-def test_kernels_longer_than_the_step_are_refused():
-    # Two steps of 4 us + 2 us of kernels, against an unprofiled median of 5 us: launch and idle
-    # would be -1 us.
-    events = [("gemv2T_kernel", 0, 4, 4), ("elementwise_add", 6, 8, 2),
-              ("gemv2T_kernel", 10, 14, 4), ("elementwise_add", 16, 18, 2)]
-    d = decompose(by_class(events, 2, {}), events, steps=2, median_ms=0.005, floor_ms=0.003)
-    assert d["launch_and_idle_ms"] < 0
-    assert split_problem(d) == (
-        "the host was too noisy to split the step: the profiled kernels took 0.006 ms a step, "
-        "more than the step's unprofiled median of 0.005 ms; run it again on an idle host")
-    d = decompose(by_class(events, 2, {}), events, steps=2, median_ms=0.01, floor_ms=0.003)
+# Two steps of a GEMV (4 us) and an elementwise kernel (2 us): 6 us of kernels a step, on a
+# profiled timeline of 9 us a step.
+STRETCHED = [("gemv2T_kernel", 0, 4, 4), ("elementwise_add", 6, 8, 2),
+             ("gemv2T_kernel", 10, 14, 4), ("elementwise_add", 16, 18, 2)]
+
+
+@pytest.mark.parametrize("median_ms, scale", [(0.008, 1.0), (0.006, 1.0),
+                                               (0.0045, 0.0045 / 0.009)])
+def test_a_gpu_step_is_split_however_the_profiler_stretched_it(median_ms, scale):
+    # Kernels that fit the unprofiled median keep their times (the profiler's cost was in the
+    # gaps); kernels busy for longer than it are scaled with the timeline, and no share is
+    # negative either way.
+    assert profiler_scale(STRETCHED, 2, median_ms, "cuda") == pytest.approx(scale)
+    d = decompose(by_class(STRETCHED, 2, {}, scale), STRETCHED, steps=2, median_ms=median_ms,
+                  floor_ms=0.001, scale=scale)
+    assert d["launch_and_idle_ms"] == pytest.approx(median_ms - 0.006 * scale)
+    assert d["launch_and_idle_ms"] >= 0 and split_problem(d) is None
+    assert d["profiler_us_per_kernel"] == pytest.approx((9 - median_ms * 1e3) / 2)
+
+
+def test_a_cpu_step_is_always_scaled_to_its_median():
+    assert profiler_scale(STRETCHED, 2, 0.008, "cpu") == pytest.approx(0.008 / 0.009)
+
+
+def test_kernels_faster_than_the_floor_are_refused():
+    d = decompose(by_class(STRETCHED, 2, {}), STRETCHED, steps=2, median_ms=0.01, floor_ms=0.003)
     assert split_problem(d) is None
-    d = decompose(by_class(events, 2, {}), events, steps=2, median_ms=0.01, floor_ms=0.005)
-    assert "less than the floor of 0.005 ms" in split_problem(d)  # lost in kernels would be < 0
+    d = decompose(by_class(STRETCHED, 2, {}), STRETCHED, steps=2, median_ms=0.01, floor_ms=0.005)
+    assert split_problem(d) == (
+        "the matrix-vector and attention kernels took 0.004 ms a step, less than the floor of "
+        "0.005 ms: their bytes did not all come from memory (a model small enough to stay in "
+        "the cache), so the step cannot be split against the floor")
 
 
 def test_explain_refuses_instead_of_printing_negatives(monkeypatch):
-    real = explain_module.decompose
-
-    def noisy(classes, events, steps, median_ms, floor_ms, scale):
-        return real(classes, events, steps, median_ms / 100, floor_ms, scale)
-    monkeypatch.setattr(explain_module, "decompose", noisy)
-    with pytest.raises(explain_module.FloorlineError, match="too noisy to split the step"):
+    def cached(model_spec, gpu, ctx, weight_format, kv_dtype):  # a floor of many more bytes
+        f = real_floor(model_spec, gpu, ctx, weight_format, kv_dtype)
+        return dataclasses.replace(f, floor_ms=f.floor_ms * 1e6)
+    real_floor = explain_module.floor
+    monkeypatch.setattr(explain_module, "floor", cached)
+    with pytest.raises(explain_module.FloorlineError, match="did not all come from memory"):
         explain("tiny-llama", 16, "hf-eager", "cpu", lookup("l4"), steps=2, warmup=1)
 
 
 def test_the_explain_command_refuses_in_one_line_and_stores_nothing(monkeypatch, tmp_path):
-    line = ("the host was too noisy to split the step: the profiled kernels took 0.006 ms a "
-            "step, more than the step's unprofiled median of 0.005 ms; run it again on an idle "
-            "host")
+    line = ("the matrix-vector and attention kernels took 0.004 ms a step, less than the floor "
+            "of 0.005 ms: their bytes did not all come from memory (a model small enough to stay "
+            "in the cache), so the step cannot be split against the floor")
 
     def refused(*args, **kwargs):
         raise ChildFailed(line)  # what the runner makes of the child's FloorlineError

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import run_cli
+from conftest import cpu_only, run_cli
 from floorline.hardware import lookup
 from floorline.models import resolve_model
 from floorline.traffic import floor
@@ -185,13 +185,18 @@ def one_line_error(proc, *fragments):
     (["sweep", "--models", "tiny-llama", "--ctx", "abc"], ["whole number", "'abc'"]),
     (["sweep", "--models", "nope"], ["unknown model 'nope'"]),
     (["sweep", "--models", "tiny-llama", "--paths", "hf-turbo"], ["unknown path 'hf-turbo'"]),
-    (["sweep", "--models", "tiny-llama", "--device", "cuda"], ["no CUDA device"]),
     (["sweep", "--models", "tiny-llama", "--db", "/proc/no/such/dir/x.db", "--gpu", GPU],
      ["cannot use results database"]),
     (["show", "--db", "/nonexistent/r.db"], ["no results database"]),
 ])
 def test_bad_input_is_one_clear_line(args, fragments):
     one_line_error(run_cli(*args), *fragments)
+
+
+@cpu_only("a machine with a GPU has the CUDA device this asks for")
+def test_a_cuda_device_where_there_is_none_is_one_clear_line():
+    one_line_error(run_cli("sweep", "--models", "tiny-llama", "--device", "cuda"),
+                   "no CUDA device")
 
 
 def test_bad_model_directories(tmp_path):

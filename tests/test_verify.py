@@ -3,6 +3,7 @@ same cache, in every weight and cache format, on held-out family configs."""
 
 import pytest
 import torch
+from tests.conftest import KERNEL_DEVICE
 from tests.test_engine_families import spec as family_spec
 
 from floorline.engine import Engine
@@ -14,7 +15,8 @@ PROMPT = [3, 17, 42, 5, 99, 7, 64, 12, 8, 30, 21, 2]
 
 
 def engine(spec, backend="reference", **formats) -> Engine:
-    return Engine(spec, "cpu", 96, dtype=torch.float32, backend=backend, seed=1, **formats)
+    device = KERNEL_DEVICE if backend == "triton" else "cpu"
+    return Engine(spec, device, 96, dtype=torch.float32, backend=backend, seed=1, **formats)
 
 
 def single_steps(spec, prompt, k, **formats):
@@ -75,15 +77,16 @@ def test_the_kernels_verify_as_the_reference_does(split_k, monkeypatch):
     from floorline.engine import tuning
     from floorline.engine.kernels.gemv import GemvConfig
 
-    if split_k > 1:
-        monkeypatch.setattr(tuning, "default_config", lambda w: GemvConfig(16, 16, split_k=2))
+    if split_k > 1:  # every product, the GEMVs' and the rows products', split in two
+        monkeypatch.setattr(tuning.GemvTuner, "config",
+                            lambda self, w, out, **flags: GemvConfig(16, 16, split_k=2))
     spec = resolve_model("tiny-llama")
     mine, theirs = engine(spec, backend="triton"), engine(spec)
     for e in (mine, theirs):
         e.prefill(torch.tensor(PROMPT))
     drafts = [5, 6, 7]
     a, b = mine.verify(drafts), theirs.verify(drafts)
-    assert torch.allclose(a.logits, b.logits, rtol=1e-4, atol=1e-4)
+    assert torch.allclose(a.logits.cpu(), b.logits, rtol=1e-4, atol=1e-4)
     assert a.next.tolist() == b.next.tolist()
 
 
@@ -114,19 +117,22 @@ def test_the_rows_product_matches_the_reference(fmt, dtype, fusion, split_k):
     # 64: 192 = 128 + 64, or three of 64)
     m, n, k = 5, 96, 192 if fmt == "int4" else 200
 
+    def draw(*shape):
+        return torch.randn(shape).to(KERNEL_DEVICE)
+
     def matrix():
-        w = (torch.randn(n, k) * 0.05).to(dtype)
+        w = (draw(n, k) * 0.05).to(dtype)
         return w if fmt == "bf16" else quantise(w, fmt, group_size=64)
     w = matrix()
     up = matrix() if fusion in ("swiglu", "gelu") else None
-    x = torch.randn(m, k) * 3
-    norm = torch.rand(k).to(dtype) + 0.5 if fusion == "norm-bias" else None
-    bias = torch.randn(n).to(dtype) if fusion == "norm-bias" else None
+    x = draw(m, k) * 3
+    norm = torch.rand(k).to(KERNEL_DEVICE, dtype) + 0.5 if fusion == "norm-bias" else None
+    bias = draw(n).to(dtype) if fusion == "norm-bias" else None
     accumulate = fusion == "accumulate"
     if accumulate:
         x = x.to(dtype)  # a product into the residual rows takes the 16-bit activations
     out_dtype = torch.float32 if accumulate else dtype
-    start = torch.randn(m, n).to(out_dtype)
+    start = draw(m, n).to(out_dtype)
     theirs = start.clone()
     options = dict(norm=norm, eps=1e-6, up=up, bias=bias, accumulate=accumulate,
                    act="gelu_tanh" if fusion == "gelu" else "silu")

@@ -71,7 +71,8 @@ def _median(xs):
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().flatten(), b.double().flatten()
+    """||a - b|| / ||b|| in float64, on the CPU (a and b may live on different devices)."""
+    a, b = a.detach().cpu().double().flatten(), b.detach().cpu().double().flatten()
     return ((a - b).norm() / b.norm()).item()
 
 

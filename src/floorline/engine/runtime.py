@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from floorline import graphs
+from floorline.engine.kernels.attention import build_problem as attention_build_problem
 from floorline.engine.kvcache import check_format
 from floorline.engine.model import VERIFY_MAX, Decoder, DecoderConfig, EngineUnsupported, Rows
 from floorline.engine.ops import ReferenceOps, TritonOps
@@ -53,6 +54,10 @@ class Engine:
         backend = backend or ("triton" if self.device.type == "cuda" else "reference")
         if backend not in ("triton", "reference"):
             raise FloorlineError(f"engine backend must be 'triton' or 'reference', not '{backend}'")
+        if backend == "triton":  # refused here, not by the compiler at the first step
+            problem = attention_build_problem(self.config.head_dim, kv, dtype)
+            if problem:
+                raise EngineUnsupported(problem)
         ops = (TritonOps(self.device, precise=dtype == torch.float32) if backend == "triton"
                else ReferenceOps())
         formats = dict(head=head, group_size=group_size)

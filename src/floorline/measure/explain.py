@@ -6,13 +6,19 @@ A step's median time (timed without the profiler) splits into:
                               attention) beyond the floor
   the rest of the kernels     norms, rotary, elementwise, sampling: work the floor does not count
   launch and idle             the median less all kernel time: the device waiting on the host
-None is negative: where one would be (split_problem), explain refuses, as one line, and stores
-nothing.
-Kernel durations come from the profiler, which barely stretches them; the profiled timeline
-(first kernel start to last kernel end) is reported beside, since tracing slows the host and so
-stretches the gaps. On the CPU, "kernels" are aten operators (own time) on the host's timeline,
-and the profiler stretches them as much as the gaps (both are host work): there the profiled
-timeline is split and scaled to the unprofiled median (the decomposition's `profiler_scale`).
+and, per layer, the fixed cost: the median less the floor, over the model's layers (what a step
+costs beyond its bytes, the part that does not shrink with faster memory).
+
+On a GPU, kernels may overlap: programmatic dependent launch starts a kernel while the one
+before it finishes, and the waiting kernel's span covers time the earlier one spends. Each
+instant of the timeline is given to the kernel that started first among those running
+(exclusive()), so the kernels' shares sum to the time the device was busy. The profiler adds a
+cost of its own to every kernel, mostly as gaps between them (which the median, timed without
+it, does not have; launch and idle is the median less the busy time); where it stretched the
+kernels themselves past the unprofiled median, the busy timeline is scaled to the median
+(`profiler_scale`), as on the CPU. On the CPU, "kernels" are aten operators (own time) on the
+host's timeline, and the profiler stretches them as much as the gaps (both are host work):
+there the profiled timeline is always scaled to the unprofiled median.
 The cell runs in a fresh process through the runner (measure/runner.py), as a sweep's cells do.
 """
 
@@ -68,17 +74,24 @@ def union_us(intervals: list[tuple[float, float]]) -> float:
 
 
 def _events(prof, device: str) -> list[tuple[str, float, float, float]]:
-    """(name, start us, end us, own time us) of each device kernel, or each aten operator."""
+    """(name, start us, end us, own time us) of each device kernel (own: its exclusive() share),
+    or each aten operator (own: its time less its children's)."""
     from torch.autograd import DeviceType
 
-    out = []
-    for e in prof.events():
-        if device.startswith("cuda"):
-            if e.device_type == DeviceType.CUDA:
-                span = e.time_range
-                out.append((e.name, span.start, span.end, span.elapsed_us()))
-        elif e.name.startswith("aten::"):
-            out.append((e.name, e.time_range.start, e.time_range.end, e.self_cpu_time_total))
+    if device.startswith("cuda"):
+        return exclusive([(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+                          if e.device_type == DeviceType.CUDA])
+    return [(e.name, e.time_range.start, e.time_range.end, e.self_cpu_time_total)
+            for e in prof.events() if e.name.startswith("aten::")]
+
+
+def exclusive(spans: list[tuple[str, float, float]]) -> list[tuple[str, float, float, float]]:
+    """(name, start, end, share) of kernels that may overlap: each instant belongs to the kernel
+    that started first among those running then, so that the shares sum to the union."""
+    out, covered = [], float("-inf")
+    for name, start, end in sorted(spans, key=lambda e: (e[1], e[2])):
+        out.append((name, start, end, max(0.0, end - max(start, covered))))
+        covered = max(covered, end)
     return out
 
 
@@ -118,18 +131,41 @@ def decompose(classes: dict[str, dict], events, steps: int, median_ms: float,
         "median_ms": median_ms, "kernel_ms": busy,
         "busy_union_ms": union_us([(s, e) for _, s, e, _ in events]) / steps / 1e3,
         "profiled_timeline_ms": timeline_ms(events, steps), "profiler_scale": scale,
+        # the profiler's own cost: how much longer the profiled timeline ran, per kernel
+        "profiler_us_per_kernel": (timeline_ms(events, steps) - median_ms) * 1e3
+        / (len(events) / steps),
     }
 
 
+def profiler_scale(events, steps: int, median_ms: float, device: str) -> float:
+    """What the profiled times are multiplied by: 1 on a GPU whose kernels were busy for no
+    longer than the unprofiled median (the profiler's cost lay in the gaps); else the median
+    over the profiled timeline. A CPU's operators are host work, stretched by the profiler as
+    much as the gaps between them, so there it always applies."""
+    if device.startswith("cuda"):
+        busy = union_us([(s, e) for _, s, e, _ in events]) / steps / 1e3
+        if busy <= median_ms:
+            return 1.0
+    return median_ms / timeline_ms(events, steps)
+
+
+def per_layer(d: dict, kernels_per_step: float, layers: int) -> dict:
+    """The step's cost beyond its floor per layer, in microseconds, and its parts (the head and
+    embedding are shared out over the layers with the rest)."""
+    def us(ms):
+        return ms * 1e3 / layers
+    return {"layers": layers, "kernels": kernels_per_step / layers,
+            "fixed_us": us(d["median_ms"] - d["floor_ms"]),
+            "lost_in_kernels_us": us(d["lost_in_kernels_ms"]),
+            "other_kernels_us": us(d["other_kernels_ms"]),
+            "launch_and_idle_us": us(d["launch_and_idle_ms"])}
+
+
 def split_problem(d: dict) -> str | None:
-    """Why a decomposition (decompose()) cannot be shown: a part that came out negative, which
-    no share of a step can be. Kernels that took longer under the profiler than the whole step
-    did without it mean the host's noise moved the two measurements apart; matrix-vector and
-    attention kernels faster than the floor, that their bytes did not all come from memory."""
-    if d["launch_and_idle_ms"] < 0:
-        return (f"the host was too noisy to split the step: the profiled kernels took "
-                f"{d['kernel_ms']:.3f} ms a step, more than the step's unprofiled median of "
-                f"{d['median_ms']:.3f} ms; run it again on an idle host")
+    """Why a decomposition (decompose()) cannot be shown against the floor: matrix-vector and
+    attention kernels faster than the floor, so that their bytes did not all come from memory.
+    (Launch and idle cannot come out negative: the busy time is scaled to the median where it
+    is longer, profiler_scale().)"""
     if d["lost_in_kernels_ms"] < 0:
         return (f"the matrix-vector and attention kernels took "
                 f"{d['floor_ms'] + d['lost_in_kernels_ms']:.3f} ms a step, less than the floor "
@@ -190,9 +226,7 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
     events = _events(prof, device)
     if not events:
         raise RuntimeError("the profiler recorded no kernels")
-    # A CPU's operators are host work, stretched by the profiler as much as the gaps between
-    # them: their unscaled times can sum past the unprofiled median on a busy host.
-    scale = 1.0 if device.startswith("cuda") else median / timeline_ms(events, steps)
+    scale = profiler_scale(events, steps, median, device)
     classes = by_class(events, steps, {"matrix-vector": matrix_bytes, "attention": f.kv_bytes},
                        scale)
     d = decompose(classes, events, steps, median, f.floor_ms, scale)
@@ -205,6 +239,8 @@ def explain(model_name: str, ctx: int, path: str, device: str, gpu: DeviceSpec,
         "steps": steps, "warmup_steps": timing.warmup_steps, "steady": timing.steady,
         "kernels_per_step": len(events) / steps,
         "decomposition": d,
+        "per_layer": per_layer(d, len(events) / steps,
+                               model_spec.config.get_text_config().num_hidden_layers),
         "classes": classes,
     }
 

@@ -128,13 +128,23 @@ def explain_cmd(
                        ("launch and idle (median less kernel time)", "launch_and_idle_ms")):
         parts.add_row(label, f"{d[key]:.3f}", f"{d[key] / d['median_ms']:.1%}")
     out.print(parts)
+    layer = result["per_layer"]
+    out.print(f"per layer ({layer['layers']} layers, {layer['kernels']:.1f} {unit} each): "
+              f"{layer['fixed_us']:.1f} us beyond the floor = "
+              f"{layer['lost_in_kernels_us']:.1f} bandwidth lost in kernels + "
+              f"{layer['other_kernels_us']:.1f} other kernels + "
+              f"{layer['launch_and_idle_us']:.1f} launch and idle", highlight=False)
     out.print(f"under the profiler the step's timeline stretched to "
-              f"{d['profiled_timeline_ms']:.3f} ms ({unit} busy {d['busy_union_ms']:.3f} ms of "
-              f"it)", highlight=False)
+              f"{d['profiled_timeline_ms']:.3f} ms ({d['profiler_us_per_kernel']:.2f} us more "
+              f"per {unit[:-1]}; {unit} busy {d['busy_union_ms']:.3f} ms of it)",
+              highlight=False)
     if d["profiler_scale"] != 1.0:
-        out.print(f"the operators' times above are the profiled ones x "
-                  f"{d['profiler_scale']:.3f} (the unprofiled median over the profiled timeline): "
-                  f"the profiler stretches host operators as much as the gaps between them",
+        why = ("the profiler stretches host operators as much as the gaps between them"
+               if unit != "kernels" else
+               "under the profiler the kernels alone were busy for longer than the "
+               "unprofiled step")
+        out.print(f"the {unit}' times above are the profiled ones x {d['profiler_scale']:.3f} "
+                  f"(the unprofiled median over the profiled timeline): {why}",
                   highlight=False)
     classes = Table("class", f"{unit}/step", "ms/step", "MB/step", "GB/s")
     for cls, row in result["classes"].items():

@@ -216,6 +216,21 @@ def _attention_combine_kernel(part_ptr, stats_ptr, out_ptr, SPLITS: tl.constexpr
     tl.store(out_ptr + head * D + d, o.to(out_ptr.dtype.element_ty))
 
 
+# The tensor cores sum 8-bit operands over at least this many values (tl.dot's minimum K): the
+# fp8 cache's products with a 16-bit model sum over head_dim.
+FP8_DOTS_MIN_HEAD_DIM = 32
+
+
+def build_problem(head_dim: int, kv: str, dtype) -> str | None:
+    """Why the attention kernel cannot be compiled for these heads, cache format and model dtype
+    (one line), or None."""
+    if kv == "fp8" and dtype != torch.float32 and head_dim < FP8_DOTS_MIN_HEAD_DIM:
+        return (f"head_dim {head_dim}: the fp8 KV cache's attention runs on the tensor cores, "
+                f"which sum 8-bit values over at least {FP8_DOTS_MIN_HEAD_DIM} dims; use the "
+                f"16-bit cache for this model")
+    return None
+
+
 def _precision(dtype) -> str:
     # The dots run on fp32 operands. bf16 and fp8 values (q as stored, K, V) are exact in tf32
     # (10-bit mantissa), so tf32 loses nothing on them; an fp32 engine needs full fp32 products.

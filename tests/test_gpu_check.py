@@ -1,0 +1,67 @@
+"""The GPU check's cells part (bench/gpu_check_cells.py): each cell against the newest committed
+figure of the same model, context, path and GPU, one verdict line each, a regression a failure."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from floorline import store as store_module
+from floorline.records import INVALID, VALID, CellKey, CellResult
+from floorline.store import Store
+
+SCRIPT = Path(__file__).parents[1] / "bench" / "gpu_check_cells.py"
+
+
+def add(db: Path, path: str, median: float, when: str, monkeypatch, gpu="h100-sxm5",
+        status=VALID, reason=None):
+    monkeypatch.setattr(store_module, "now", lambda: when)
+    db.parent.mkdir(parents=True, exist_ok=True)
+    store = Store(db)
+    try:
+        summary = None if status != VALID else {"n": 64, "median_ms": median,
+                                                 "p10_ms": median, "p90_ms": median,
+                                                 "mean_ms": median}
+        store.add(CellResult(CellKey("qwen2.5-7b", 2048, path, 64, "auto"), gpu, status, reason,
+                             [median] * 64 if summary else [], summary,
+                             {"floor_ms": 4.0, "total_bytes": 10**9, "peak_gbps": 3350,
+                              "weight_format": "bf16", "kv_dtype": "bf16"}, {}),
+                  {"device": "test"}, "env")
+    finally:
+        store.close()
+
+
+def test_each_cell_is_judged_against_the_newest_committed_figure_of_its_gpu(tmp_path,
+                                                                           monkeypatch):
+    results = tmp_path / "results"
+    add(results / "old" / "a.db", "engine", 5.00, "2026-12-01T00:00:00+00:00", monkeypatch)
+    add(results / "new" / "b.db", "engine", 5.10, "2026-12-05T00:00:00+00:00", monkeypatch)
+    add(results / "new" / "b.db", "engine-int4", 2.20, "2026-12-05T00:00:00+00:00", monkeypatch)
+    add(results / "new" / "b.db", "engine-fp8", 3.00, "2026-12-05T00:00:00+00:00", monkeypatch,
+        gpu="h200")  # another GPU's: not this one's figure
+    add(results / "new" / "b.db", "engine-int4-fp8head", 1.0, "2026-12-06T00:00:00+00:00",
+        monkeypatch, status=INVALID, reason="out of memory")  # not a figure
+    check = results / "h100-check" / "cells.db"  # the check's own, left out of the committed
+    when = "2026-12-07T00:00:00+00:00"
+    add(check, "engine", 5.20, when, monkeypatch)  # 1.020x the newest, 1.040x the oldest
+    add(check, "engine-int4", 2.30, when, monkeypatch)  # 1.045x
+    add(check, "engine-fp8", 3.18, when, monkeypatch)
+    add(check, "engine-int4-fp8head", 1.0, when, monkeypatch, status=INVALID,
+        reason="killed by SIGSEGV")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--db", str(check), "--results",
+                           str(results)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines == [
+        "cell: PASS engine qwen2.5-7b ctx 2048 on h100-sxm5: 5.200 ms (76.9% of the floor) "
+        "against 5.100 ms committed (new/b.db, 2026-12-05): 1.020x",
+        "cell: FAIL engine-int4 qwen2.5-7b ctx 2048 on h100-sxm5: 2.300 ms (173.9% of the "
+        "floor) against 2.200 ms committed (new/b.db, 2026-12-05): 1.045x, slower than the 3% "
+        "allowed",
+        "cell: NEW engine-fp8 qwen2.5-7b ctx 2048 on h100-sxm5: 3.180 ms (125.8% of the floor); "
+        "no committed figure for this GPU",
+        "cell: FAIL engine-int4-fp8head qwen2.5-7b ctx 2048 on h100-sxm5: invalid, killed by "
+        "SIGSEGV"]
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--db", str(check), "--results",
+                           str(results), "--tolerance", "0.05"], capture_output=True, text=True,
+                          timeout=120)
+    assert "cell: PASS engine-int4" in proc.stdout and proc.returncode == 1  # the invalid one
