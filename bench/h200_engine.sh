@@ -56,9 +56,6 @@
 #                                       shape tuned with both kernels, then $PATHS (engine-fp8 and
 #                                       engine-int4-fp8head) in fresh sweeps with the fastest of each
 #                                       (RUNS times, default 3), its own database
-#   bash bench/h200_engine.sh int4-mma  the prototype int4 GEMV in CUDA on the tensor cores against the
-#                                       engine's int4 kernel, each at its fastest launch, at $MODELS' int4
-#                                       shapes (bench/engine_int4_mma.py; builds it with nvcc first)
 #   bash bench/h200_engine.sh speculate speculation on the trained model into the verify stage's
 #                                       database (`floorline speculate`: acceptance, ms/token and the
 #                                       floor per token per workload, bf16 and int4; WHEEL=its wheel
@@ -236,13 +233,6 @@ PY
         || echo "stage failed"
     done; done
     DB=$FDB ;;
-  int4-mma)
-    DEST=$(dest h200-int4-mma)
-    for m in ${MODELS//,/ }; do
-      python3 bench/engine_int4_mma.py --model "$m" --json "$DEST/h200_int4_mma_$m.json" \
-        || echo "stage failed"
-    done
-    ;;
   runs)
     # The headline's cells (Qwen2.5-7B, ctx 2048) measured RUNS times (default 5), each time in
     # a fresh sweep with --force, labelled headline-N: the README quotes each figure as the
