@@ -38,7 +38,7 @@ verdict() {  # the part's verdict line, kept for the summary at the end
 
 if [[ $stage == suite || $stage == all ]]; then
   start=$SECONDS
-  FLOORLINE_TEST_WHEEL=${WHEEL:-} python3 -m pytest -q -n "${WORKERS:-8}" --dist loadfile \
+  FLOORLINE_TEST_WHEEL=${WHEEL:-} python3 -m pytest -q -n "${WORKERS:-12}" --dist loadfile \
     -p no:cacheprovider tests > "$OUT/suite.log" 2>&1
   rc=$?
   summary=$(tail -n 1 "$OUT/suite.log" | tr -d '=' | sed 's/^ *//')

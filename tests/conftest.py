@@ -1,4 +1,6 @@
 import contextlib
+import dataclasses
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,6 +19,25 @@ if not ON_GPU:
 # Where the Triton kernels run: compiled on the GPU, or interpreted on the CPU. A test of a
 # kernel, or of the engine on its kernels, builds its tensors here.
 KERNEL_DEVICE = "cuda" if ON_GPU else "cpu"
+
+
+def moved(weights, device):
+    """A copy of an engine's weights (DecoderWeights, its layers, its quantised matrices) on
+    `device`: two engines on different devices compared on the same weights (random weights are
+    drawn on the engine's own device, by that device's generator)."""
+    if isinstance(weights, torch.Tensor):
+        return weights.to(device)
+    if isinstance(weights, list):
+        return [moved(w, device) for w in weights]
+    if dataclasses.is_dataclass(weights):
+        return dataclasses.replace(weights, **{f.name: moved(getattr(weights, f.name), device)
+                                               for f in dataclasses.fields(weights)})
+    return weights
+
+
+# bitsandbytes, one of the test extras, is too large to carry to a GPU machine without an index
+needs_bnb = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
+                               reason="bitsandbytes not installed")
 
 
 def cpu_only(reason: str):

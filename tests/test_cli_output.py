@@ -8,7 +8,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from conftest import run_cli
+from conftest import needs_bnb, run_cli
 
 
 def test_sweep_prints_progress_to_stderr_and_its_table_once(tmp_path):
@@ -57,6 +57,7 @@ def test_explain_prints_no_profiler_lines(tmp_path):
     assert proc.returncode == 0 and proc.stderr.strip() == "", proc.stderr
 
 
+@needs_bnb
 def test_bitsandbytes_on_the_cpu_prints_nothing_on_import():
     proc = subprocess.run([sys.executable, "-c", "import floorline.paths, bitsandbytes"],
                           capture_output=True, text=True, timeout=300)

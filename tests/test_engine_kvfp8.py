@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from tests.conftest import moved
 
 from floorline.engine import Engine
 from floorline.engine.check import relative_error
@@ -72,7 +73,7 @@ def fp8_attention_case(dtype, pos, window, splits, seed, heads=6, kv_heads=2, d=
         k, v, ks, vs = (t.clone() for t in stored)
         out = torch.full((heads * d,), float("nan"), dtype=dtype, device=DEVICE)
         kernel(qkv.clone(), k, v, angles.cos(), angles.sin(), position, out, scale=d ** -0.5,
-               window=window, scratch=scratch, block_t=16, scales=(ks, vs))
+               window=window, scratch=scratch, block_t=32, scales=(ks, vs))
         results.append((out, k, v.transpose(1, 2), ks, vs))
     k, v, ks, vs = stored
     return ((k, ks), (v.transpose(1, 2), vs)), results
@@ -135,6 +136,21 @@ def test_the_kernels_refuse_an_fp8_v_not_transposed():
                                    scales=scales)
 
 
+def test_the_kernel_refuses_fp8_products_the_tensor_cores_cannot_sum():
+    # a 16-bit model's fp8-cache products run on the tensor cores, which sum 8-bit values over
+    # 32 or more: heads of 16, or blocks of 16 cached tokens, cannot be compiled
+    for d, block_t, problem in ((16, 64, "head_dim 16"), (32, 16, "blocks of 16 cached tokens")):
+        cache = KVCache.allocate("fp8", 1, 2, 8, d, torch.bfloat16, DEVICE)
+        with pytest.raises(ValueError, match=problem):
+            decode_attention(torch.zeros(8 * d, dtype=torch.bfloat16, device=DEVICE),
+                             cache.k[0], cache.v[0], torch.ones(8, d // 2, device=DEVICE),
+                             torch.zeros(8, d // 2, device=DEVICE),
+                             torch.zeros(1, dtype=torch.int32, device=DEVICE),
+                             torch.empty(4 * d, dtype=torch.bfloat16, device=DEVICE),
+                             scale=0.25, window=None, scratch=attention_scratch(4, d, 2, DEVICE),
+                             block_t=block_t, scales=cache.scales(0))
+
+
 def test_the_kernel_refuses_fp8_tiles_longer_than_the_cache_slack():
     cache = KVCache.allocate("fp8", 1, 2, 8, 16, torch.float32, DEVICE)
     with pytest.raises(ValueError, match="block_t 512 is too long"):
@@ -153,7 +169,8 @@ def teacher_forced(spec, dtype, n, steps, backend=None, other_backend=None):
         return DEVICE if backend == "triton" else "cpu"
     first = Engine(spec, device(backend), n + steps + 1, dtype=dtype, kv="fp8", backend=backend)
     second = Engine(spec, device(other_backend), n + steps + 1, dtype=dtype,
-                    kv="fp8" if other_backend else "bf16", backend=other_backend)
+                    kv="fp8" if other_backend else "bf16", backend=other_backend,
+                    decoder_weights=moved(first.decoder.w, device(other_backend)))
     tokens = torch.randint(first.config.vocab, (n,), generator=torch.Generator().manual_seed(n))
     errors = [relative_error(first.prefill(tokens).cpu(), second.prefill(tokens).cpu())]
     for _ in range(steps):

@@ -110,7 +110,7 @@ def test_probe_on_the_cpu_and_in_the_cells_table(tmp_path):
     assert r["graph_us"] is None and r["sync_us"] is None
     db = tmp_path / "r.db"
     run_cli("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "16", "--steps", "3",
-            "--paths", "hf-eager", "--gpu", "l4", check=True)
+            "--paths", "hf-eager", "--device", "cpu", "--gpu", "l4", check=True)
     probed = json.loads(run_cli("probe", "--db", db, "--device", "cpu", "--buffer-mib", "8",
                                 "--model", "tiny-llama", "--json", check=True).stdout)
     assert set(probed["gemv_gbps"]) >= {"384x128", "1024x128"}

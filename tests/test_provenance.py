@@ -147,7 +147,7 @@ def test_every_flag_floorline_reads_is_listed(name):
 def test_a_sweep_records_its_run_and_show_lists_it(tmp_path):
     db = tmp_path / "r.db"
     run_cli("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "16", "--paths", "engine",
-            "--steps", "8", "--warmup", "2", check=True,
+            "--steps", "8", "--warmup", "2", "--device", "cpu", check=True,
             env={"FLOORLINE_RUN_LABEL": "bench stage x"})
     (run,) = Store(db, read_only=True).runs()
     assert run["command"] == "sweep" and run["label"] == "bench stage x" and run["finished_at"]

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import needs_bnb, run_cli
 from floorline.hardware import lookup
 from floorline.measure.cell import measure_cell
 from floorline.measure.reduction import describe, reductions, reference_path
@@ -16,9 +16,6 @@ from floorline.paths import REGISTRY, open_session, parse_path, unavailable
 from floorline.records import CellKey
 from floorline.store import CellRow
 from floorline.traffic import floor
-
-needs_bnb = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
-                               reason="bitsandbytes not installed")
 
 
 def test_reference_paths_keep_the_options():

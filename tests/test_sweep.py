@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import cpu_only, run_cli
+from conftest import cpu_only, gpu_only, run_cli
 from floorline.hardware import lookup
 from floorline.models import resolve_model
 from floorline.traffic import floor
@@ -29,12 +29,12 @@ def test_sweep_end_to_end(tmp_path):
     db = tmp_path / "r.db"
     proc = run_cli("sweep", "--db", db, "--models", "tiny-llama,tiny-qwen2", "--ctx", "32,64",
                    "--paths", "hf-eager,hf-static,hf-static+graphs", "--steps", "5",
-                   "--warmup", "2", "--gpu", GPU, check=True)
+                   "--warmup", "2", "--device", "cpu", "--gpu", GPU, check=True)
     assert "12 measured, 0 already valid" in proc.stdout
     cells = rows(db)
     assert len(cells) == 12
     for c in cells:
-        if c["path"] == "hf-static+graphs":  # no CUDA here: an invalid cell with its reason
+        if c["path"] == "hf-static+graphs":  # not on the CPU: an invalid cell with its reason
             assert c["status"] == "invalid"
             assert c["reason"] == "path unavailable: +graphs needs a CUDA device"
             assert c["median_ms"] is None and c["samples_ms"] == []
@@ -51,10 +51,21 @@ def test_sweep_end_to_end(tmp_path):
     assert len(list(table)) == 12
 
 
+@gpu_only("CUDA graphs")
+def test_graphed_paths_are_valid_cells_on_a_gpu(tmp_path):
+    db = tmp_path / "r.db"
+    run_cli("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "32", "--paths",
+            "hf-static+graphs,engine", "--steps", "8", "--warmup", "4", check=True)
+    cells = {c["path"]: c for c in rows(db)}
+    assert all(c["status"] == "valid" and len(c["samples_ms"]) == 8 for c in cells.values())
+    assert set(cells) == {"hf-static+graphs", "engine"}
+
+
 def test_resume_skips_valid_cells_and_force_remeasures(tmp_path):
     db = tmp_path / "r.db"
     args = ("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "16,32", "--steps", "3",
-            "--warmup", "2", "--paths", "hf-eager,hf-static+graphs", "--gpu", GPU)
+            "--warmup", "2", "--paths", "hf-eager,hf-static+graphs", "--device", "cpu", "--gpu",
+            GPU)
     run_cli(*args, check=True)
     first = {c["id"] for c in rows(db)}
     again = run_cli(*args, check=True)

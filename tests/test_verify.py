@@ -3,7 +3,7 @@ same cache, in every weight and cache format, on held-out family configs."""
 
 import pytest
 import torch
-from tests.conftest import KERNEL_DEVICE
+from tests.conftest import KERNEL_DEVICE, moved
 from tests.test_engine_families import spec as family_spec
 
 from floorline.engine import Engine
@@ -81,7 +81,9 @@ def test_the_kernels_verify_as_the_reference_does(split_k, monkeypatch):
         monkeypatch.setattr(tuning.GemvTuner, "config",
                             lambda self, w, out, **flags: GemvConfig(16, 16, split_k=2))
     spec = resolve_model("tiny-llama")
-    mine, theirs = engine(spec, backend="triton"), engine(spec)
+    mine = engine(spec, backend="triton")
+    theirs = Engine(spec, "cpu", 96, dtype=torch.float32, decoder_weights=moved(mine.decoder.w,
+                                                                                "cpu"))
     for e in (mine, theirs):
         e.prefill(torch.tensor(PROMPT))
     drafts = [5, 6, 7]

@@ -7,7 +7,14 @@ import torch
 from floorline import graphs
 from floorline.engine.kernels.attention import build_problem as attention_build_problem
 from floorline.engine.kvcache import check_format
-from floorline.engine.model import VERIFY_MAX, Decoder, DecoderConfig, EngineUnsupported, Rows
+from floorline.engine.model import (
+    VERIFY_MAX,
+    Decoder,
+    DecoderConfig,
+    EngineUnsupported,
+    Rows,
+    attention_block_t,
+)
 from floorline.engine.ops import ReferenceOps, TritonOps
 from floorline.engine.quant import FORMATS, HEAD_FORMATS, Int4Weight, format_of
 from floorline.engine.sampling import Sampler
@@ -55,7 +62,8 @@ class Engine:
         if backend not in ("triton", "reference"):
             raise FloorlineError(f"engine backend must be 'triton' or 'reference', not '{backend}'")
         if backend == "triton":  # refused here, not by the compiler at the first step
-            problem = attention_build_problem(self.config.head_dim, kv, dtype)
+            problem = attention_build_problem(self.config.head_dim, kv, dtype,
+                                              attention_block_t(self.config.head_dim, kv))
             if problem:
                 raise EngineUnsupported(problem)
         ops = (TritonOps(self.device, precise=dtype == torch.float32) if backend == "triton"

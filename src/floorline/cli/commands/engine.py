@@ -3,6 +3,7 @@ protocol."""
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Annotated
 
@@ -61,6 +62,8 @@ def generate_cmd(
     """Generate text with floorline's engine, streamed to stdout; speed against the floor on stderr."""  # noqa: E501
     from floorline.engine.generate import generate  # loads torch, Triton and transformers
 
+    if not math.isfinite(temperature):  # click's range check lets NaN through in some versions
+        raise FloorlineError(f"--temperature must be a finite number, got {temperature}")
     device = check_device(device)
     gpu_spec = resolve_gpu(gpu, device)
 

@@ -217,17 +217,23 @@ def _attention_combine_kernel(part_ptr, stats_ptr, out_ptr, SPLITS: tl.constexpr
 
 
 # The tensor cores sum 8-bit operands over at least this many values (tl.dot's minimum K): the
-# fp8 cache's products with a 16-bit model sum over head_dim.
-FP8_DOTS_MIN_HEAD_DIM = 32
+# fp8 cache's products with a 16-bit model sum over head_dim (the scores) and over a block of
+# cached tokens (the output).
+FP8_DOTS_MIN_K = 32
 
 
-def build_problem(head_dim: int, kv: str, dtype) -> str | None:
-    """Why the attention kernel cannot be compiled for these heads, cache format and model dtype
-    (one line), or None."""
-    if kv == "fp8" and dtype != torch.float32 and head_dim < FP8_DOTS_MIN_HEAD_DIM:
+def build_problem(head_dim: int, kv: str, dtype, block_t: int) -> str | None:
+    """Why the attention kernel cannot be compiled for these heads, cache format, model dtype
+    and block of cached tokens (one line), or None."""
+    if kv != "fp8" or dtype == torch.float32:
+        return None
+    if head_dim < FP8_DOTS_MIN_K:
         return (f"head_dim {head_dim}: the fp8 KV cache's attention runs on the tensor cores, "
-                f"which sum 8-bit values over at least {FP8_DOTS_MIN_HEAD_DIM} dims; use the "
-                f"16-bit cache for this model")
+                f"which sum 8-bit values over at least {FP8_DOTS_MIN_K} dims; use the 16-bit "
+                f"cache for this model")
+    if block_t < FP8_DOTS_MIN_K:
+        return (f"blocks of {block_t} cached tokens: the fp8 KV cache's attention on the tensor "
+                f"cores sums over at least {FP8_DOTS_MIN_K}")
     return None
 
 
@@ -272,6 +278,10 @@ def decode_attention(qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,
     if fp8 and block_t > FP8_SLACK:
         raise ValueError(f"an fp8 cache's tiles read at most {FP8_SLACK} slots past its "
                          f"capacity: block_t {block_t} is too long")
+    fp8_dots = fp8 and fp8_dots and qkv.dtype != torch.float32
+    problem = fp8_dots and build_problem(head_dim, "fp8", qkv.dtype, block_t)
+    if problem:
+        raise ValueError(problem)
     k_scale, v_scale = scales if fp8 else (stats, stats)  # not read without fp8
     _attention_split_kernel[(n_kv_heads, splits)](
         qkv, k_cache, v_cache, k_scale, v_scale, cos, sin, pos, part, stats, capacity, scale,
@@ -279,7 +289,7 @@ def decode_attention(qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,
         ROT=rotary or head_dim, QK_NORM=q_norm is not None, HQ=n_heads, HKV=n_kv_heads, G=group,
         G_PAD=max(16, triton.next_power_of_2(group)), D=head_dim, BLOCK_T=block_t,
         SPLITS=splits, WINDOWED=window is not None, KV_FP8=fp8,
-        FP8_DOTS=fp8 and fp8_dots and qkv.dtype != torch.float32, EXACT=not qkv.is_cuda,
+        FP8_DOTS=fp8_dots, EXACT=not qkv.is_cuda,
         PRECISION=_precision(qkv.dtype), num_warps=num_warps or attention_warps(head_dim),
         **pdl_options(qkv))
     _attention_combine_kernel[(n_heads,)](part, stats, out, SPLITS=splits, D=head_dim,
