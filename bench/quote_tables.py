@@ -18,7 +18,7 @@ from floorline.store import Store
 
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "bench" / "results"
-DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "results-h200.md")
+DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "results-h200.md", ROOT / "docs" / "results-h100.md")
 # The headline: Qwen2.5-7B at ctx 2048 on the H200, every path in one table. Each path is
 # quoted from the first database that holds a valid run of it (paths under bench/results/).
 HEADLINE = ("qwen2.5-7b", 2048)
@@ -103,8 +103,30 @@ def energy_check(results: Path = RESULTS) -> str:
     return "\n".join(lines) + "\n"
 
 
+def explain_h100(results: Path = RESULTS) -> str:
+    """`floorline explain` of the engine's step on the H100 (bench/gpu_check.sh's run): each
+    cell's split, its attention kernels, and its fixed cost per layer."""
+    store = Store(results / "h100-check" / "h100_explain.db", read_only=True)
+    try:
+        explained = store.explanations()
+    finally:
+        store.close()
+    lines = ["| model, ctx (one run each) | ms/step | floor | lost in matrix-vector and "
+             "attention kernels | other kernels | launch and idle | attention kernels' time | "
+             "beyond the floor, per layer | kernels a layer |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for e in explained:
+        d, layer = e["decomposition"], e["per_layer"]
+        lines.append(f"| {e['model']}, {e['ctx']} | {d['median_ms']:.3f} | {d['floor_ms']:.3f} | "
+                     f"{d['lost_in_kernels_ms']:.3f} | {d['other_kernels_ms']:.3f} | "
+                     f"{d['launch_and_idle_ms']:.3f} | {e['classes']['attention']['ms']:.3f} | "
+                     f"{layer['fixed_us']:.1f} us | {layer['kernels']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def blocks(results: Path = RESULTS) -> dict[str, str]:
-    return {"headline": headline(results), "energy-check": energy_check(results)}
+    return {"headline": headline(results), "energy-check": energy_check(results),
+            "explain-h100": explain_h100(results)}
 
 
 def main(argv: list[str]) -> int:
