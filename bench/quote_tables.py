@@ -18,7 +18,8 @@ from floorline.store import Store
 
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "bench" / "results"
-DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "results-h200.md", ROOT / "docs" / "results-h100.md")
+DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "results-h200.md",
+             ROOT / "docs" / "results-h100.md")
 # The headline: Qwen2.5-7B at ctx 2048 on the H200, every path in one table. Each path is
 # quoted from the first database that holds a valid run of it (paths under bench/results/).
 HEADLINE = ("qwen2.5-7b", 2048)
