@@ -20,12 +20,11 @@ def leave_one_out(cal: Calibration) -> list[dict]:
     out = []
     for c in cal.cells:
         try:
-            f = fit(cal.without(c), c["path"])
+            ms = step(fit(cal.without(c), c["path"], c["gpu"]), c["model"], c["ctx"]).ms
         except FloorlineError:
             continue
-        ms = step(f, c["model"], c["gpu"], c["ctx"]).ms
         out.append({"model": c["model"], "gpu": c["gpu"], "ctx": c["ctx"], "path": c["path"],
-                    "kind": f.kind, "measured_ms": c["ms"], "forecast_ms": ms,
+                    "kind": kind(c["path"]), "measured_ms": c["ms"], "forecast_ms": ms,
                     "error": (ms - c["ms"]) / c["ms"], "source": c["source"]})
     return out
 
@@ -85,10 +84,9 @@ class Forecast:
     def notes(self) -> list[str]:
         out = list(self.fit.notes)
         if self.gpu not in self.fit.gpus:
-            out.append(f"no cell of {self.fit.path} on {self.gpu}: fractions of peak and costs "
-                       f"measured on {', '.join(sorted(self.fit.gpus))} stand in, and the host "
-                       f"is that machine's; the interval covers held-out cells there, not the "
-                       f"move to another GPU")
+            out.append(f"no cell of {self.fit.path} on {self.gpu}: fractions of peak and times "
+                       f"measured on {', '.join(sorted(self.fit.gpus))} stand in; the interval "
+                       f"covers held-out cells there, not the move to another GPU")
         return out
 
     def as_dict(self) -> dict:
@@ -105,9 +103,10 @@ class Forecast:
 def forecast(cal: Calibration, model: str, gpu: str, ctx: int, path: str,
              loo: list[dict] | None = None) -> Forecast:
     check_runnable(model, gpu, ctx, path)
-    f = fit(cal, path)
-    s = step(f, model, gpu, ctx)
+    f = fit(cal, path, gpu)
+    s = step(f, model, ctx)
     loo = leave_one_out(cal) if loo is None else loo
     errors = [r["error"] for r in loo if r["kind"] == kind(path)]
     iv = interval(s.ms, errors)
     return Forecast(model, gpu, ctx, f, s, *(iv or (None, None)), len(errors))
+
