@@ -1,6 +1,7 @@
 """The forecast against arithmetic on cells whose terms are known, and the errors a user sees."""
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -297,4 +298,33 @@ def test_a_zero_median_in_the_database_is_refused_in_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert (f"floorline: error: {db} cell 2: valid with median_ms 0.0, which no measured cell "
             "has (a damaged row)") in proc.stderr
+
+def test_a_probe_of_the_users_host_gives_a_host_bound_forecast(tmp_path):
+    # Without it: one line that names what is missing and the command that measures it.
+    args = ("predict", "--model", "qwen2.5-7b", "--gpu", "h100-sxm5", "--path", "hf-eager")
+    proc = run_cli(*args, cwd=tmp_path, env=SRC)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stdout == ""
+    assert "no host was measured with the h100-sxm5" in proc.stderr
+    assert "`floorline probe --db floorline.db`" in proc.stderr
+    # A database holding only a probe of a machine with an H100, whose bare launch costs
+    # 3.0 us: each of the shipped H200 cells' host cost per launch, scaled by 3.0 over the H200
+    # probes' median, and their median.
+    from floorline.store import Store
+
+    db = tmp_path / "mine.db"
+    store = Store(db)
+    store.add_probe("cuda", {"eager_us": 3.0, "graph_us": 0.9, "stream_read_gbps": 3050.0},
+                    {"device": "NVIDIA H100 80GB HBM3"}, "h100-env")
+    store.close()
+    proc = run_cli(*args, "--db", db, "--json", cwd=tmp_path, check=True, env=SRC)
+    f = json.loads(proc.stdout)
+    cal = shipped()
+    h200_eager = statistics.median(p["eager_us"] for p in cal.probes)
+    per_layer = next(e["kernels_per_step"] for e in cal.explanations
+                     if e["path"] == "hf-eager") / 28
+    expected = statistics.median(c["ms"] / (per_layer * layers(c["model"])) * 1e3 * 3.0
+                                 / h200_eager for c in cal.cells if c["path"] == "hf-eager")
+    assert f["terms"]["host cost per launch"]["value"] == pytest.approx(expected)
+    assert f["terms"]["memory's streaming read"]["value"] == pytest.approx(3050 / 3350)
+    assert f["host_ms"] == pytest.approx(per_layer * 28 * expected / 1e3)
 
