@@ -9,7 +9,16 @@ import pytest
 import floorline
 from conftest import run_cli
 from floorline.errors import FloorlineError
-from floorline.forecast.accuracy import coverage, forecast, interval, interval_bounds, leave_one_out
+from floorline.forecast.accuracy import (
+    SMALL,
+    by_family,
+    coverage,
+    forecast,
+    interval,
+    interval_bounds,
+    leave_one_gpu_out,
+    leave_one_out,
+)
 from floorline.forecast.calibration import Calibration, combine, from_rows, shipped
 from floorline.forecast.model import fit, step
 from floorline.forecast.published import published_cells
@@ -299,6 +308,7 @@ def test_a_zero_median_in_the_database_is_refused_in_one_line(tmp_path):
     assert (f"floorline: error: {db} cell 2: valid with median_ms 0.0, which no measured cell "
             "has (a damaged row)") in proc.stderr
 
+
 def test_a_probe_of_the_users_host_gives_a_host_bound_forecast(tmp_path):
     # Without it: one line that names what is missing and the command that measures it.
     args = ("predict", "--model", "qwen2.5-7b", "--gpu", "h100-sxm5", "--path", "hf-eager")
@@ -328,3 +338,60 @@ def test_a_probe_of_the_users_host_gives_a_host_bound_forecast(tmp_path):
     assert f["terms"]["memory's streaming read"]["value"] == pytest.approx(3050 / 3350)
     assert f["host_ms"] == pytest.approx(per_layer * 28 * expected / 1e3)
 
+
+def test_leave_one_gpu_out_forecasts_a_gpu_from_the_other_alone():
+    # Two GPUs whose steps follow the model with different terms: the H200's weights stream at
+    # 0.8 of peak, 10 us a layer, int4 0.2 ms a GB more; the H100's at 0.9, 12 us, 0.25 ms.
+    # Held out, each H100 cell is forecast with the H200's terms alone.
+    truth = {"h200": {"stream": 0.8, "tau_us": 10.0, "sm": 0.2},
+             "h100-sxm5": {"stream": 0.9, "tau_us": 12.0, "sm": 0.25}}
+
+    def engine_cell(gpu, model, ctx, path="engine", fmt="bf16"):
+        t = truth[gpu]
+        ms = synthetic(model, ctx, path, fmt, gpu, t["stream"], 0.5, t["tau_us"],
+                       t["sm"] if fmt != "bf16" else 0.0)
+        return cell(path, model, ctx, ms, gpu, fmt)
+
+    cells, probes = [], []
+    for gpu, t in truth.items():
+        cells += [engine_cell(gpu, m, c) for m in ("qwen2.5-7b", "llama-3.1-8b")
+                  for c in (2048, 16384)]
+        cells += [engine_cell(gpu, "qwen2.5-7b", 2048, "engine-int4", "engine-int4")]
+        cells += [engine_cell(gpu, "qwen3-0.6b", c) for c in (128, 512)]
+        cells += [cell("hf-eager", "qwen2.5-7b", c, 56.0, gpu) for c in (2048, 8192)]
+        probes.append({"gpu": gpu, "eager_us": 7.0, "graph_us": GRAPH_US,
+                       "stream_read_gbps": t["stream"] * PEAK[gpu] / 1e6, "source": "probe"})
+    cells += [cell("hf-static+graphs", "qwen2.5-7b", c,
+                   synthetic("qwen2.5-7b", c, "hf-static", eta_a=0.2, stream=0.8) + 1.0)
+              for c in (2048, 16384)]
+    cal = Calibration(cells, [EAGER_EXPLAIN], probes)
+    rows = leave_one_gpu_out(cal, "h100-sxm5")
+    assert {r["gpu"] for r in rows} == {"h100-sxm5"} and len(rows) == 9
+
+    h200 = truth["h200"]
+    errors = {}
+    for c in cells:
+        if c["gpu"] != "h100-sxm5" or c["path"] == "hf-eager":
+            continue
+        fmt = c["weight_format"]
+        forecast_ms = synthetic(c["model"], c["ctx"], c["path"], fmt, "h100-sxm5", h200["stream"],
+                                0.5, h200["tau_us"], h200["sm"] if fmt != "bf16" else 0.0)
+        errors[(c["path"], c["model"], c["ctx"])] = (forecast_ms - c["ms"]) / c["ms"]
+    got = {(r["path"], r["model"], r["ctx"]): r["error"] for r in rows if r["error"] is not None}
+    assert got.keys() == errors.keys()
+    assert all(got[k] == pytest.approx(errors[k]) for k in errors)
+    refused = [r for r in rows if r["error"] is None]
+    assert [r["path"] for r in refused] == ["hf-eager", "hf-eager"]
+    assert all("no host was measured with the h100-sxm5" in r["missing"] for r in refused)
+
+    families = by_family(rows)
+    small = [errors[("engine", "qwen3-0.6b", c)] for c in (128, 512)]
+    big = [errors[("engine", m, c)] for m in ("qwen2.5-7b", "llama-3.1-8b") for c in (2048, 16384)]
+    assert families[SMALL]["mae"] == pytest.approx(sum(map(abs, small)) / 2)
+    assert families["engine, bf16"]["mae"] == pytest.approx(sum(map(abs, big)) / 4)
+    assert families["engine, bf16"]["worst"] == pytest.approx(max(big, key=abs))
+    assert families["engine, int4"]["cells"] == 1
+    assert families["engine, int4"]["worst"] == pytest.approx(
+        errors[("engine-int4", "qwen2.5-7b", 2048)])
+    assert families["stock, host-bound"] == {"cells": 0, "not_forecast": 2, "mae": None,
+                                             "worst": None, "with_interval": 0, "held": 0}
