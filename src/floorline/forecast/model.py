@@ -45,6 +45,10 @@ FIXED, SM = "fixed cost per layer", "SM time per weight GB"
 LAUNCHES, LAUNCH_COST, REPLAY = "launches per layer", "host cost per launch", "host cost per step"
 
 
+class HostNotMeasured(FloorlineError):
+    """A host-bound step on a machine whose host no measurement covers."""
+
+
 @dataclass
 class Term:
     name: str
@@ -332,7 +336,7 @@ def step(f: Fit, model: str, ctx: int) -> Step:
     }
     gpu_ms = sum(parts.values())
     if f.host_missing:
-        raise FloorlineError(
+        raise HostNotMeasured(
             f"no forecast: {f.host_missing}. The GPU side is forecast at {gpu_ms:.2f} ms, and the "
             f"step takes the longer of it and the host side, which only the host can tell: run "
             f"`floorline probe --db floorline.db` on the machine with the GPU, then forecast "
