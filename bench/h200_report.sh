@@ -40,7 +40,7 @@ from quote_tables import HEADLINE, HEADLINE_PATHS, HEADLINE_SOURCES, RESULTS, ro
 from floorline.report.figures import png
 from floorline.report.headline import headline, quoted
 
-sources = [rows_of(name, RESULTS)[0] for name in HEADLINE_SOURCES]
+sources = [rows_of(name, RESULTS)[0] for name in HEADLINE_SOURCES["h200"]]
 fig, _, _ = headline(quoted(sources, *HEADLINE, HEADLINE_PATHS))
 open("docs/figures/headline-h200.png", "wb").write(png(fig))
 EOF
