@@ -1,25 +1,54 @@
-"""Writes the forecast's shipped calibration (src/floorline/forecast/h200.json) from the
-committed H200 results: every valid cell of the merged database and the engine's re-measured
-quantised cells (the newest of each model, ctx and path; a path re-measured after its kernels
-or their launch configurations changed keeps only its re-measured cells, as older ones time
-other kernels), the explain
-decompositions in the database and in the explain JSON files (h200_explain_*.json in any folder
-of bench/results/), and the probe.
+"""The forecast's calibration from the committed results of one GPU, and the shipped one
+(src/floorline/forecast/h200.json) written from the H200's.
 
-    PYTHONPATH=src python bench/forecast_calibration.py
+The H200's: every valid cell of the merged database and the engine's re-measured quantised
+cells (the newest of each model, ctx and path; a path re-measured after its kernels or their
+launch configurations changed keeps only its re-measured cells, as older ones time other
+kernels), the explain decompositions in the database and in the explain JSON files
+(h200_explain_*.json in any folder of bench/results/), and the probe.
+
+The H100's: the newest valid row of each cell over every database in the H100's folders
+(bench/results/h100-*/), the one-token step's only (a verify step of K tokens is no cell the
+model describes), with its explain and probe JSON files (h100_explain_*.json, h100_probe.json)
+where they exist.
+
+    PYTHONPATH=src python bench/forecast_calibration.py     # writes the shipped calibration
 """
 
 import json
 from pathlib import Path
 
-from floorline.forecast.calibration import SHIPPED, combine, explain_record, from_rows, probe_record
+from floorline.forecast.calibration import (
+    SHIPPED,
+    Calibration,
+    combine,
+    explain_record,
+    from_rows,
+    probe_record,
+)
+from floorline.paths import verify_tokens
 from floorline.store import Store
 
 RESULTS = Path(__file__).parent / "results"
 OUT = Path(__file__).parents[1] / "src" / "floorline" / "forecast" / SHIPPED
+GPUS = {"h200": "H200", "h100-sxm5": "H100"}  # catalogue name: the results' prefix, upper case
 
 
-def main() -> None:
+def _files(cal: Calibration, gpu: str) -> None:
+    """The GPU's explain and probe JSON files of any folder under bench/results/, added to
+    `cal` where its databases do not already hold them."""
+    prefix = GPUS[gpu].lower()
+    in_db = {(e["path"], e["model"], e["ctx"]) for e in cal.explanations}
+    for f in sorted(RESULTS.glob(f"*/{prefix}_explain_*.json"), key=lambda f: f.name):
+        e = json.loads(f.read_text())
+        if (e["path"], e["model"], e["ctx"]) not in in_db:
+            name = f.stem.removeprefix(f"{prefix}_explain_")
+            cal.explanations.append(explain_record(e, f"{GPUS[gpu]} explain {name}"))
+    for f in sorted(RESULTS.glob(f"*/{prefix}_probe.json")):
+        cal.probes.append(probe_record(json.loads(f.read_text()), gpu, f"{GPUS[gpu]} probe"))
+
+
+def h200() -> Calibration:
     merged = Store(RESULTS / "merged" / "h200_all.db", read_only=True)
     cal = from_rows(merged.rows(), merged.explanations(), merged.probes(), "H200 results")
     quant = Store(RESULTS / "h200-engine-retimed" / "h200_engine_quant_retimed.db", read_only=True)
@@ -29,14 +58,33 @@ def main() -> None:
     again = {c["path"] for c in requant.cells if c["path"].startswith("engine-")}
     cal.cells = [c for c in cal.cells if c["path"] not in again]
     cal = combine(cal, requant)
-    in_db = {(e["path"], e["model"], e["ctx"]) for e in cal.explanations}
-    for f in sorted(RESULTS.glob("*/h200_explain_*.json"), key=lambda f: f.name):
-        e = json.loads(f.read_text())
-        if (e["path"], e["model"], e["ctx"]) not in in_db:
-            name = f.stem.removeprefix("h200_explain_")
-            cal.explanations.append(explain_record(e, f"H200 explain {name}"))
-    probe = json.loads((RESULTS / "h200-explain" / "h200_probe.json").read_text())
-    cal.probes.append(probe_record(probe, "h200", "H200 probe"))
+    _files(cal, "h200")
+    return cal
+
+
+def h100(databases: list[Path] | None = None) -> Calibration:
+    """`databases` (by default every one of the H100's folders) as one calibration: the newest
+    valid row of each one-token cell."""
+    newest: dict[tuple, dict] = {}
+    cal = Calibration()
+    for db in databases or sorted(RESULTS.glob("h100-*/*.db")):
+        store = Store(db, read_only=True)
+        mine = from_rows(store.rows(), store.explanations(), store.probes(),
+                         f"H100 {db.parent.name}/{db.name}", store.probe_devices())
+        for c in mine.cells:
+            key = (c["model"], c["ctx"], c["path"], c["gpu"])
+            if verify_tokens(c["path"]) == 1 and (key not in newest or c["finished_at"]
+                                                  >= newest[key]["finished_at"]):
+                newest[key] = c
+        cal.explanations += mine.explanations
+        cal.probes += mine.probes
+    cal.cells = list(newest.values())
+    _files(cal, "h100-sxm5")
+    return cal
+
+
+def main() -> None:
+    cal = h200()
     cells = sorted(cal.cells, key=lambda c: (c["path"], c["model"], c["ctx"]))
     for c in cells:
         c.pop("finished_at")

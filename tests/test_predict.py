@@ -1,6 +1,7 @@
 """The forecast against arithmetic on cells whose terms are known, and the errors a user sees."""
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,16 @@ import pytest
 import floorline
 from conftest import run_cli
 from floorline.errors import FloorlineError
-from floorline.forecast.accuracy import coverage, forecast, interval, interval_bounds, leave_one_out
+from floorline.forecast.accuracy import (
+    SMALL,
+    by_family,
+    coverage,
+    forecast,
+    interval,
+    interval_bounds,
+    leave_one_gpu_out,
+    leave_one_out,
+)
 from floorline.forecast.calibration import Calibration, combine, from_rows, shipped
 from floorline.forecast.model import fit, step
 from floorline.forecast.published import published_cells
@@ -18,8 +28,9 @@ from floorline.models import resolve_model
 from floorline.store import CellRow
 from floorline.traffic import floor
 
-PEAK = {g: lookup(g).peak_gbps * 1e6 for g in ("h200", "l4")}  # bytes per ms
+PEAK = {g: lookup(g).peak_gbps * 1e6 for g in ("h200", "l4", "h100-sxm5")}  # bytes per ms
 GRAPH_US = 0.9
+STREAM = 4000 / 4800  # the probe's streaming read on the H200, a fraction of its peak
 
 
 def cell(path, model, ctx, ms, gpu="h200", fmt="bf16", kv="bf16"):
@@ -27,10 +38,13 @@ def cell(path, model, ctx, ms, gpu="h200", fmt="bf16", kv="bf16"):
             "kv_dtype": kv, "source": f"test {path} {ctx}"}
 
 
-def synthetic(eta_w, eta_a, model, ctx, path="engine"):
-    """A step that is exactly weights at eta_w of peak plus attention at eta_a of peak."""
-    return (weight_bytes(model, "bf16") / (eta_w * PEAK["h200"])
-            + attention_bytes(model, ctx, path, "bf16") / (eta_a * PEAK["h200"]))
+def synthetic(model, ctx, path="engine", fmt="bf16", gpu="h200", stream=STREAM, eta_a=0.5,
+              tau_us=10.0, sm_ms_per_gb=0.0):
+    """A step that is exactly its weights streamed at `stream` of peak, `sm_ms_per_gb` a GB of
+    them, `tau_us` a layer and attention at `eta_a` of peak."""
+    w = weight_bytes(model, fmt)
+    return (w / (stream * PEAK[gpu]) + w / 1e9 * sm_ms_per_gb + layers(model) * tau_us / 1e3
+            + attention_bytes(model, ctx, path, "bf16") / (eta_a * PEAK[gpu]))
 
 
 SRC = {"PYTHONPATH": str(Path(floorline.__file__).parents[1])}  # this checkout, from any cwd
@@ -39,21 +53,48 @@ PROBE = {"gpu": "h200", "eager_us": 7.0, "graph_us": GRAPH_US, "stream_read_gbps
 
 
 def test_gpu_governed_terms_recovered_and_carried_to_another_gpu():
-    # Engine cells built from known fractions of peak (0.75 weights, 0.5 attention): the fit
-    # recovers both, and an L4 forecast is the same bytes over the L4's peak at those fractions.
-    cells = [cell("engine", m, c, synthetic(0.75, 0.5, m, c))
+    # Engine cells built from known terms (weights at the probe's 4000 of 4800 GB/s, 10 us a
+    # layer, attention at half of peak): the fit recovers them, and an L4 forecast is the same
+    # bytes over the L4's peak at those fractions plus the same 10 us a layer.
+    cells = [cell("engine", m, c, synthetic(m, c))
              for m in ("qwen2.5-7b", "llama-3.1-8b") for c in (2048, 16384)]
     cal = Calibration(cells, [], [PROBE])
-    f = fit(cal, "engine")
+    f = fit(cal, "engine", "l4")
     assert f.terms["attention's fraction of peak"].value == pytest.approx(0.5)
-    assert f.terms["weights' fraction of peak"].value == pytest.approx(0.75)
-    s = step(f, "qwen2.5-7b", "l4", 8192)
-    expected = (weight_bytes("qwen2.5-7b", "bf16") / (0.75 * PEAK["l4"])
+    assert f.terms["memory's streaming read"].value == pytest.approx(STREAM)
+    assert f.terms["fixed cost per layer"].value == pytest.approx(10.0)
+    assert "SM time per weight GB" not in f.terms  # the 16-bit path is its own reference
+    s = step(f, "qwen2.5-7b", 8192)
+    expected = (weight_bytes("qwen2.5-7b", "bf16") / (STREAM * PEAK["l4"]) + 28 * 10e-3
                 + attention_bytes("qwen2.5-7b", 8192, "engine", "bf16") / (0.5 * PEAK["l4"]))
     assert s.gpu_ms == pytest.approx(expected) and s.host_ms == pytest.approx(GRAPH_US / 1e3)
     assert s.ms == pytest.approx(expected)
     loo = leave_one_out(cal)
     assert len(loo) == 4 and max(abs(r["error"]) for r in loo) < 1e-9
+
+
+def test_a_quantised_path_adds_sm_time_per_gb_to_its_familys_fixed_cost():
+    # engine gives 10 us a layer; engine-int4's cells take 0.2 ms more per GB of its weights
+    # beyond that. On a GPU of other bandwidth the streamed part scales, the rest does not.
+    cells = [cell("engine", m, c, synthetic(m, c))
+             for m in ("qwen2.5-7b", "llama-3.1-8b") for c in (2048, 16384)]
+    cells += [cell("engine-int4", m, 2048, synthetic(m, 2048, "engine-int4", "engine-int4",
+                                                     sm_ms_per_gb=0.2), fmt="engine-int4")
+              for m in ("qwen2.5-7b", "llama-3.1-8b")]
+    f = fit(Calibration(cells, [], [PROBE]), "engine-int4", "h100-sxm5")
+    assert f.terms["fixed cost per layer"].value == pytest.approx(10.0)
+    assert f.terms["SM time per weight GB"].value == pytest.approx(0.2)
+    w = weight_bytes("llama-3.1-8b", "engine-int4")
+    expected = (w / (STREAM * PEAK["h100-sxm5"]) + w / 1e9 * 0.2 + 32 * 10e-3
+                + attention_bytes("llama-3.1-8b", 4096, "engine", "bf16")
+                / (0.5 * PEAK["h100-sxm5"]))
+    assert step(f, "llama-3.1-8b", 4096).gpu_ms == pytest.approx(expected)
+
+
+def test_without_a_probe_the_forecast_asks_for_one():
+    cells = [cell("engine", "qwen2.5-7b", c, 5.0 + c / 1e5) for c in (2048, 16384)]
+    with pytest.raises(FloorlineError, match="streaming read is missing.*floorline probe"):
+        fit(Calibration(cells, [], []), "engine", "h200")
 
 
 def test_small_kernels_from_explain_are_per_layer_and_per_kernel():
@@ -65,34 +106,64 @@ def test_small_kernels_from_explain_are_per_layer_and_per_kernel():
                         "attention": {"kernels_per_step": 31, "ms": 0.3},
                         "elementwise": {"kernels_per_step": 56, "ms": 0.112}}}
     small = lambda m: 2 * layers(m) * 2e-3  # noqa: E731
-    cells = [cell("engine", m, c, synthetic(0.75, 0.5, m, c) + small(m))
+    cells = [cell("engine", m, c, synthetic(m, c) + small(m))
              for m in ("qwen2.5-7b", "llama-3.1-8b") for c in (2048, 16384)]
-    f = fit(Calibration(cells, [expl], [PROBE]), "engine")
+    f = fit(Calibration(cells, [expl], [PROBE]), "engine", "h200")
     assert f.terms["small kernels per layer"].value == pytest.approx(2.0)
     assert f.terms["cost per small kernel"].value == pytest.approx(2.0)
-    assert f.terms["weights' fraction of peak"].value == pytest.approx(0.75)
-    assert step(f, "llama-3.1-8b", "h200", 4096).parts["small kernels"] == pytest.approx(0.128)
+    assert f.terms["fixed cost per layer"].value == pytest.approx(10.0)
+    assert step(f, "llama-3.1-8b", 4096).parts["small kernels"] == pytest.approx(0.128)
+
+
+EAGER_EXPLAIN = {"path": "hf-eager", "model": "qwen2.5-7b", "ctx": 2048, "gpu": "h200",
+                 "kernels_per_step": 1400, "source": "explain",
+                 "classes": {"matrix-vector": {"kernels_per_step": 338, "ms": 4.5},
+                             "attention": {"kernels_per_step": 28, "ms": 0.2},
+                             "elementwise": {"kernels_per_step": 1034, "ms": 1.0}}}
+
+
+def eager_calibration(probes):
+    # the graphed twin's cells: 10 us a layer, attention at 0.2 of peak and explain's 1034 small
+    # kernels (1.0 ms on Qwen's 28 layers)
+    graphs = [cell("hf-static+graphs", "qwen2.5-7b", c,
+                   synthetic("qwen2.5-7b", c, "hf-static", eta_a=0.2) + 1.0)
+              for c in (2048, 16384)]
+    return Calibration([cell("hf-eager", "qwen2.5-7b", c, 56.0) for c in (2048, 8192)] + graphs,
+                       [EAGER_EXPLAIN], probes)
 
 
 def test_host_bound_path_is_launches_times_host_cost():
     # 1400 launches a step on Qwen's 28 layers (50 a layer) at 40 us = 56 ms; Llama's 32 layers
-    # then launch 1600, 64 ms, far above its GPU side on an H100.
-    expl = {"path": "hf-eager", "model": "qwen2.5-7b", "ctx": 2048, "gpu": "h200",
-            "kernels_per_step": 1400, "source": "explain",
-            "classes": {"matrix-vector": {"kernels_per_step": 338, "ms": 4.5},
-                        "attention": {"kernels_per_step": 28, "ms": 0.2},
-                        "elementwise": {"kernels_per_step": 1034, "ms": 1.0}}}
-    graphs = [cell("hf-static+graphs", "qwen2.5-7b", c,
-                   synthetic(0.6, 0.2, "qwen2.5-7b", c, "hf-static"))
-              for c in (2048, 16384)]
-    cal = Calibration([cell("hf-eager", "qwen2.5-7b", c, 56.0) for c in (2048, 8192)] + graphs,
-                      [expl], [PROBE])
-    f = fit(cal, "hf-eager")
+    # then launch 1600, 64 ms, far above its GPU side on the same host.
+    f = fit(eager_calibration([PROBE]), "hf-eager", "h200")
     assert f.kind == "host-bound"
     assert f.terms["launches per layer"].value == pytest.approx(50.0)
     assert f.terms["host cost per launch"].value == pytest.approx(40.0)
-    s = step(f, "llama-3.1-8b", "h100-sxm5", 2048)
+    s = step(f, "llama-3.1-8b", 2048)
     assert s.host_ms == pytest.approx(64.0) and s.ms == pytest.approx(64.0) and s.gpu_ms < s.host_ms
+
+
+def test_a_host_bound_step_on_an_unmeasured_host_is_not_forecast():
+    # The host is the machine's: no cell of hf-eager and no probe with the H100, so no number,
+    # only the GPU side's forecast (weights streamed, 10 us a layer, attention, 1.0 ms of small
+    # kernels), and the command that measures the host.
+    f = fit(eager_calibration([PROBE]), "hf-eager", "h100-sxm5")
+    gpu_side = (weight_bytes("qwen2.5-7b", "bf16") / (STREAM * PEAK["h100-sxm5"]) + 28 * 10e-3
+                + attention_bytes("qwen2.5-7b", 2048, "hf-eager", "bf16")
+                / (0.2 * PEAK["h100-sxm5"]) + 1.0)
+    with pytest.raises(FloorlineError) as e:
+        step(f, "qwen2.5-7b", 2048)
+    message = str(e.value)
+    assert "no host was measured with the h100-sxm5" in message
+    assert "40.0 us a launch there" in message
+    assert f"GPU side is forecast at {gpu_side:.2f} ms" in message
+    assert "`floorline probe --db floorline.db`" in message and "\n" not in message
+    # With a probe of that host, whose bare launch costs half the H200 host's, the host cost
+    # per launch is the cells' scaled by the same half: 20 us, 28 ms a step.
+    probed = eager_calibration([PROBE, {**PROBE, "gpu": "h100-sxm5", "eager_us": 3.5}])
+    f = fit(probed, "hf-eager", "h100-sxm5")
+    assert f.terms["host cost per launch"].value == pytest.approx(20.0)
+    assert step(f, "qwen2.5-7b", 2048).host_ms == pytest.approx(28.0)
 
 
 def test_transformers_attention_counts_query_heads():
@@ -137,14 +208,14 @@ def test_cpu_cells_never_forecast_a_gpu():
     assert cal.cells == [] and cal.cpu_paths == {"hf-eager"}
     with pytest.raises(FloorlineError,
                        match="hf-eager was measured only on the CPU.*missing: a cell"):
-        fit(cal, "hf-eager")
+        fit(cal, "hf-eager", "h200")
 
 
 def test_predict_cli_runs_without_a_database_and_prints_its_terms(tmp_path):
     proc = run_cli("predict", "--model", "qwen2.5-7b", "--gpu", "L4", "--path", "engine",
                    cwd=tmp_path, check=True, env=SRC)
     assert "engine on l4, qwen2.5-7b ctx 2048:" in proc.stdout and "90% interval" in proc.stdout
-    assert "weights' fraction of peak" in proc.stdout and "H200" in proc.stdout
+    assert "memory's streaming read" in proc.stdout and "H200" in proc.stdout
 
 
 def test_predict_cli_refusals(tmp_path):
@@ -236,3 +307,91 @@ def test_a_zero_median_in_the_database_is_refused_in_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert (f"floorline: error: {db} cell 2: valid with median_ms 0.0, which no measured cell "
             "has (a damaged row)") in proc.stderr
+
+
+def test_a_probe_of_the_users_host_gives_a_host_bound_forecast(tmp_path):
+    # Without it: one line that names what is missing and the command that measures it.
+    args = ("predict", "--model", "qwen2.5-7b", "--gpu", "h100-sxm5", "--path", "hf-eager")
+    proc = run_cli(*args, cwd=tmp_path, env=SRC)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stdout == ""
+    assert "no host was measured with the h100-sxm5" in proc.stderr
+    assert "`floorline probe --db floorline.db`" in proc.stderr
+    # A database holding only a probe of a machine with an H100, whose bare launch costs
+    # 3.0 us: each of the shipped H200 cells' host cost per launch, scaled by 3.0 over the H200
+    # probes' median, and their median.
+    from floorline.store import Store
+
+    db = tmp_path / "mine.db"
+    store = Store(db)
+    store.add_probe("cuda", {"eager_us": 3.0, "graph_us": 0.9, "stream_read_gbps": 3050.0},
+                    {"device": "NVIDIA H100 80GB HBM3"}, "h100-env")
+    store.close()
+    proc = run_cli(*args, "--db", db, "--json", cwd=tmp_path, check=True, env=SRC)
+    f = json.loads(proc.stdout)
+    cal = shipped()
+    h200_eager = statistics.median(p["eager_us"] for p in cal.probes)
+    per_layer = next(e["kernels_per_step"] for e in cal.explanations
+                     if e["path"] == "hf-eager") / 28
+    expected = statistics.median(c["ms"] / (per_layer * layers(c["model"])) * 1e3 * 3.0
+                                 / h200_eager for c in cal.cells if c["path"] == "hf-eager")
+    assert f["terms"]["host cost per launch"]["value"] == pytest.approx(expected)
+    assert f["terms"]["memory's streaming read"]["value"] == pytest.approx(3050 / 3350)
+    assert f["host_ms"] == pytest.approx(per_layer * 28 * expected / 1e3)
+
+
+def test_leave_one_gpu_out_forecasts_a_gpu_from_the_other_alone():
+    # Two GPUs whose steps follow the model with different terms: the H200's weights stream at
+    # 0.8 of peak, 10 us a layer, int4 0.2 ms a GB more; the H100's at 0.9, 12 us, 0.25 ms.
+    # Held out, each H100 cell is forecast with the H200's terms alone.
+    truth = {"h200": {"stream": 0.8, "tau_us": 10.0, "sm": 0.2},
+             "h100-sxm5": {"stream": 0.9, "tau_us": 12.0, "sm": 0.25}}
+
+    def engine_cell(gpu, model, ctx, path="engine", fmt="bf16"):
+        t = truth[gpu]
+        ms = synthetic(model, ctx, path, fmt, gpu, t["stream"], 0.5, t["tau_us"],
+                       t["sm"] if fmt != "bf16" else 0.0)
+        return cell(path, model, ctx, ms, gpu, fmt)
+
+    cells, probes = [], []
+    for gpu, t in truth.items():
+        cells += [engine_cell(gpu, m, c) for m in ("qwen2.5-7b", "llama-3.1-8b")
+                  for c in (2048, 16384)]
+        cells += [engine_cell(gpu, "qwen2.5-7b", 2048, "engine-int4", "engine-int4")]
+        cells += [engine_cell(gpu, "qwen3-0.6b", c) for c in (128, 512)]
+        cells += [cell("hf-eager", "qwen2.5-7b", c, 56.0, gpu) for c in (2048, 8192)]
+        probes.append({"gpu": gpu, "eager_us": 7.0, "graph_us": GRAPH_US,
+                       "stream_read_gbps": t["stream"] * PEAK[gpu] / 1e6, "source": "probe"})
+    cells += [cell("hf-static+graphs", "qwen2.5-7b", c,
+                   synthetic("qwen2.5-7b", c, "hf-static", eta_a=0.2, stream=0.8) + 1.0)
+              for c in (2048, 16384)]
+    cal = Calibration(cells, [EAGER_EXPLAIN], probes)
+    rows = leave_one_gpu_out(cal, "h100-sxm5")
+    assert {r["gpu"] for r in rows} == {"h100-sxm5"} and len(rows) == 9
+
+    h200 = truth["h200"]
+    errors = {}
+    for c in cells:
+        if c["gpu"] != "h100-sxm5" or c["path"] == "hf-eager":
+            continue
+        fmt = c["weight_format"]
+        forecast_ms = synthetic(c["model"], c["ctx"], c["path"], fmt, "h100-sxm5", h200["stream"],
+                                0.5, h200["tau_us"], h200["sm"] if fmt != "bf16" else 0.0)
+        errors[(c["path"], c["model"], c["ctx"])] = (forecast_ms - c["ms"]) / c["ms"]
+    got = {(r["path"], r["model"], r["ctx"]): r["error"] for r in rows if r["error"] is not None}
+    assert got.keys() == errors.keys()
+    assert all(got[k] == pytest.approx(errors[k]) for k in errors)
+    refused = [r for r in rows if r["error"] is None]
+    assert [r["path"] for r in refused] == ["hf-eager", "hf-eager"]
+    assert all("no host was measured with the h100-sxm5" in r["missing"] for r in refused)
+
+    families = by_family(rows)
+    small = [errors[("engine", "qwen3-0.6b", c)] for c in (128, 512)]
+    big = [errors[("engine", m, c)] for m in ("qwen2.5-7b", "llama-3.1-8b") for c in (2048, 16384)]
+    assert families[SMALL]["mae"] == pytest.approx(sum(map(abs, small)) / 2)
+    assert families["engine, bf16"]["mae"] == pytest.approx(sum(map(abs, big)) / 4)
+    assert families["engine, bf16"]["worst"] == pytest.approx(max(big, key=abs))
+    assert families["engine, int4"]["cells"] == 1
+    assert families["engine, int4"]["worst"] == pytest.approx(
+        errors[("engine-int4", "qwen2.5-7b", 2048)])
+    assert families["stock, host-bound"] == {"cells": 0, "not_forecast": 2, "mae": None,
+                                             "worst": None, "with_interval": 0, "held": 0}

@@ -77,6 +77,30 @@ def test_a_planted_mismatch_in_a_quoted_block_is_found():
 
 def test_the_documents_quote_what_the_committed_data_gives():
     made = quote_tables().blocks()
-    for doc in (ROOT / "README.md", ROOT / "docs" / "results-h200.md"):
-        assert [m for m in mismatches(doc.read_text(), made) if "missing" not in m] == [], doc
-    assert mismatches((ROOT / "README.md").read_text(), made) == []
+    assert {doc.name for doc in made} == {"README.md", "results-h200.md"}
+    for doc, blocks in made.items():
+        assert mismatches(doc.read_text(), blocks) == [], doc
+
+
+def test_the_headline_says_not_measured_for_a_cell_no_database_holds(tmp_path):
+    # An H100 database: one steady run of the engine (5.0 ms on a 3.0 ms floor), one unsteady
+    # run of engine-int4, nothing else.
+    tables = quote_tables()
+    store = Store(tmp_path / "x.db")
+    for path, status in (("engine", VALID), ("engine-int4", UNSTEADY)):
+        store.add(CellResult(CellKey("qwen2.5-7b", 2048, path, 64, "auto"), "h100-sxm5", status,
+                             None, [5.0] * 4,
+                             {"median_ms": 5.0, "p10_ms": 5.0, "p90_ms": 5.0, "mean_ms": 5.0,
+                              "n": 4},
+                             {"floor_ms": 3.0, "total_bytes": 10**6, "weight_bytes": 9 * 10**5,
+                              "kv_bytes": 10**5, "peak_gbps": 1.0, "weight_format": "bf16",
+                              "kv_dtype": "bf16"}),
+                  {"device": "h100", "code": {}}, "k")
+    store.close()
+    sources = [tables.rows_of("x.db", tmp_path)]
+    assert tables.headline_row("engine", "h100-sxm5", sources).startswith(
+        "| engine | H100 SXM | 5.00 (one run) | 60.0% | - | ")
+    assert (tables.headline_row("engine-int4", "h100-sxm5", sources)
+            == "| engine-int4 | H100 SXM | no steady run | | | |")
+    assert (tables.headline_row("hf-eager", "h100-sxm5", sources)
+            == "| hf-eager | H100 SXM | not measured | | | |")

@@ -194,14 +194,15 @@ def test_the_readme_headline_figure_shows_the_readme_table():
     from test_quotes import quote_tables
 
     tables = quote_tables()
-    sources = [tables.rows_of(name, tables.RESULTS)[0] for name in tables.HEADLINE_SOURCES]
+    sources = [tables.rows_of(name, tables.RESULTS)[0] for name in tables.HEADLINE_SOURCES["h200"]]
     fig, _, _ = headline(quoted(sources, *tables.HEADLINE, tables.HEADLINE_PATHS))
     ax, table = fig.axes
     cells = [t.get_text() for t in table.texts]  # ms/step, of floor, runs: a row per bar
     drawn = {t.get_text(): cells[3 * i:3 * i + 2] for i, t in enumerate(ax.get_yticklabels())}
-    # | path | ms/step | of the floor | J/token | from |
-    rows = [line.strip("| ").split(" | ") for line in tables.headline().splitlines()[2:]]
-    assert {path: [ms.split()[0], fraction] for path, ms, fraction, *_ in rows} == drawn
+    # | path | GPU | ms/step | of the floor | J/token | from |
+    rows = [line.strip("| ").split(" | ")
+            for line in tables.headline(("h200",)).splitlines()[2:]]
+    assert {path: [ms.split()[0], fraction] for path, _, ms, fraction, *_ in rows} == drawn
     width, height = Image.open(io.BytesIO(png(fig))).size
     assert 850 <= width <= 950 and 300 <= height <= 600
 
@@ -311,3 +312,49 @@ def test_the_verify_figure_is_each_steps_time_over_the_one_token_steps():
     assert ids == [1, 2, 3] and missing is None  # a verify cell without its one-token step: out
     # the ladders keep to one-token steps
     assert [b["path"] for b in ladder(cells)[0]["bars"]] == ["engine"]
+
+
+def test_the_studys_cells_and_ab_beside_this_databases(tmp_path):
+    # An H100 database with the study's headline cell (hf-eager, Qwen2.5-7B, ctx 2048) in two
+    # runs of one environment, and the CUDA Graphs A/B there: each beside the study's figure;
+    # the L4's cells say not measured.
+    from floorline.hardware import lookup
+    from floorline.models import resolve_model
+    from floorline.traffic import floor
+
+    f = floor(resolve_model("qwen2.5-7b"), lookup("h100-sxm5"), 2048)
+    store = Store(tmp_path / "r.db")
+    for median in (17.0, 18.0):
+        store.add(CellResult(CellKey("qwen2.5-7b", 2048, "hf-eager", 64, "auto"), "h100-sxm5",
+                             VALID, None, [median] * 64,
+                             {"median_ms": median, "p10_ms": median, "p90_ms": median,
+                              "mean_ms": median, "n": 64},
+                             {"floor_ms": f.floor_ms, "floor_ms_all_params": f.floor_ms_all_params,
+                              "total_bytes": f.total_bytes, "peak_gbps": 3350,
+                              "weight_format": "bf16", "kv_dtype": "bf16"}),
+                  {"device": "NVIDIA H100 80GB HBM3", "code": {}}, "env")
+    plan = {"a": "hf-static", "b": "hf-static+graphs", "model": "qwen2.5-7b", "ctx": 2048,
+            "gpu": "h100-sxm5", "paired": True}
+    ab = store.start_ab(plan, {"device": "NVIDIA H100 80GB HBM3"}, "env")
+    store.finish_ab(ab, {**plan, "speedup": 4.5, "ci_low": 4.25, "ci_high": 4.75, "sessions": 10,
+                         "sentence": "x"})
+    store.close()
+    build_report(tmp_path / "r.db", tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    published = f.floor_ms_all_params / 0.27  # the study's 27% of the floor, as ms
+    row = next(line for line in md.splitlines() if line.startswith("| h100-sxm5 | qwen2.5-7b"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    fraction = (f.floor_ms_all_params / 17 + f.floor_ms_all_params / 18) / 2  # median of two
+    assert cells[4:] == [f"{published:.4g}", "27.0%", "17.50 (median of 2 runs, 17.00-18.00)",
+                         f"{fraction:.1%}"]
+    assert md.count("| l4 | qwen2.5-7b | 2048 |") == 4 and md.count("| not measured |") == 5
+    assert ("| h100-sxm5 | 2048 | eager vs CUDA graphs (hf-static vs hf-static+graphs) | "
+            "1.259x (1.253-1.267, N=10) | 4.500x (4.250-4.750, N=10; qwen2.5-7b) |") in md
+    # the figure of fractions: the same cell measured here, a hollow star beside the study's
+    from floorline.report.figures import fraction_vs_bandwidth
+
+    fig, _, _ = fraction_vs_bandwidth(Store(tmp_path / "r.db", read_only=True).rows())
+    here = [c for c in fig.axes[0].collections
+            if c.get_label() == "the study's cell, measured here"]
+    assert len(here) == 1 and here[0].get_offsets().tolist() == [
+        [3350, pytest.approx(f.floor_ms_all_params / 18.0)]]  # the newest row

@@ -539,6 +539,12 @@ class Store:
             "(SELECT MAX(id) FROM probes GROUP BY fingerprint_key)")
         return {key: self._json(results, "probes", i, "results") for i, key, results in rows}
 
+    def probe_devices(self) -> dict[str, str]:
+        """The device each probed environment recorded (a GPU's name), by fingerprint key."""
+        rows = self._read("SELECT id, fingerprint_key, fingerprint FROM probes")
+        return {key: str(self._json(env, "probes", i, "fingerprint").get("device", ""))
+                for i, key, env in rows}
+
     def has_valid(self, key: CellKey, env_key: str) -> bool:
         return bool(self._read(
             "SELECT 1 FROM cells WHERE model=? AND ctx=? AND path=? AND steps=? AND warmup=? "

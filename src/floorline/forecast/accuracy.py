@@ -1,4 +1,5 @@
-"""Leave-one-out errors, the intervals drawn from them, and the forecast a user asks for."""
+"""Leave-one-out errors (a cell at a time, or a whole GPU), the intervals drawn from them, and
+the forecast a user asks for."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 from floorline.errors import FloorlineError
 from floorline.forecast.calibration import Calibration
 from floorline.forecast.model import Fit, Step, fit, step
-from floorline.forecast.terms import check_runnable, kind
+from floorline.forecast.terms import check_runnable, family, formats, kind, parameters
 
 LEVEL_PERCENT = 90
 LEVEL = LEVEL_PERCENT / 100
@@ -20,12 +21,11 @@ def leave_one_out(cal: Calibration) -> list[dict]:
     out = []
     for c in cal.cells:
         try:
-            f = fit(cal.without(c), c["path"])
+            ms = step(fit(cal.without(c), c["path"], c["gpu"]), c["model"], c["ctx"]).ms
         except FloorlineError:
             continue
-        ms = step(f, c["model"], c["gpu"], c["ctx"]).ms
         out.append({"model": c["model"], "gpu": c["gpu"], "ctx": c["ctx"], "path": c["path"],
-                    "kind": f.kind, "measured_ms": c["ms"], "forecast_ms": ms,
+                    "kind": kind(c["path"]), "measured_ms": c["ms"], "forecast_ms": ms,
                     "error": (ms - c["ms"]) / c["ms"], "source": c["source"]})
     return out
 
@@ -85,10 +85,9 @@ class Forecast:
     def notes(self) -> list[str]:
         out = list(self.fit.notes)
         if self.gpu not in self.fit.gpus:
-            out.append(f"no cell of {self.fit.path} on {self.gpu}: fractions of peak and costs "
-                       f"measured on {', '.join(sorted(self.fit.gpus))} stand in, and the host "
-                       f"is that machine's; the interval covers held-out cells there, not the "
-                       f"move to another GPU")
+            out.append(f"no cell of {self.fit.path} on {self.gpu}: fractions of peak and times "
+                       f"measured on {', '.join(sorted(self.fit.gpus))} stand in; the interval "
+                       f"covers held-out cells there, not the move to another GPU")
         return out
 
     def as_dict(self) -> dict:
@@ -105,9 +104,72 @@ class Forecast:
 def forecast(cal: Calibration, model: str, gpu: str, ctx: int, path: str,
              loo: list[dict] | None = None) -> Forecast:
     check_runnable(model, gpu, ctx, path)
-    f = fit(cal, path)
-    s = step(f, model, gpu, ctx)
+    f = fit(cal, path, gpu)
+    s = step(f, model, ctx)
     loo = leave_one_out(cal) if loo is None else loo
     errors = [r["error"] for r in loo if r["kind"] == kind(path)]
     iv = interval(s.ms, errors)
     return Forecast(model, gpu, ctx, f, s, *(iv or (None, None)), len(errors))
+
+
+SMALL = "small models (under 2 B parameters)"
+
+
+def path_family(model: str, path: str) -> str:
+    """The family a cell's error is reported in: small models (launch-bound on any path), the
+    engine per weight format, or the stock paths by kind."""
+    if parameters(model) < 2e9:
+        return SMALL
+    if family(path).startswith("engine"):
+        weights, kv = formats(path)
+        name = weights.removeprefix("engine-").replace("-fp8head", ", fp8 head")
+        return f"engine, {name}" + (", fp8 KV cache" if kv == "engine-fp8" else "")
+    return f"stock, {kind(path)}"
+
+
+def without_gpu(cal: Calibration, gpu: str) -> Calibration:
+    """The calibration less every record of `gpu`: its cells, explain decompositions, probes."""
+    return Calibration([c for c in cal.cells if c["gpu"] != gpu],
+                       [e for e in cal.explanations if e["gpu"] != gpu],
+                       [p for p in cal.probes if p["gpu"] != gpu], cal.cpu_paths)
+
+
+def leave_one_gpu_out(cal: Calibration, gpu: str) -> list[dict]:
+    """Each cell of `gpu` forecast from the other GPUs' records alone, as for a GPU not in
+    hand: a row per cell with its error, or why it was not forecast, and whether the 90%
+    interval (from the held-in cells' leave-one-out errors of its kind) held it."""
+    held_in = without_gpu(cal, gpu)
+    loo = leave_one_out(held_in)
+    out = []
+    for c in cal.cells:
+        if c["gpu"] != gpu:
+            continue
+        row = {"model": c["model"], "ctx": c["ctx"], "path": c["path"], "gpu": gpu,
+               "family": path_family(c["model"], c["path"]), "measured_ms": c["ms"],
+               "source": c["source"]}
+        try:
+            f = forecast(held_in, c["model"], gpu, c["ctx"], c["path"], loo)
+        except FloorlineError as e:
+            out.append({**row, "forecast_ms": None, "error": None, "held": None,
+                        "missing": str(e).removeprefix("no forecast: ")})
+            continue
+        held = None if f.low is None else f.low <= c["ms"] <= f.high
+        out.append({**row, "forecast_ms": f.ms, "error": (f.ms - c["ms"]) / c["ms"],
+                    "held": held, "missing": None})
+    return out
+
+
+def by_family(rows: list[dict]) -> dict[str, dict]:
+    """Per family: cells forecast, their mean absolute and largest error, how many their
+    interval held (of those with one), and the cells not forecast."""
+    out = {}
+    for name in sorted({r["family"] for r in rows}):
+        mine = [r for r in rows if r["family"] == name]
+        done = [r for r in mine if r["error"] is not None]
+        bounded = [r for r in done if r["held"] is not None]
+        out[name] = {"cells": len(done), "not_forecast": len(mine) - len(done),
+                     "mae": sum(abs(r["error"]) for r in done) / len(done) if done else None,
+                     "worst": max((r["error"] for r in done), key=abs) if done else None,
+                     "with_interval": len(bounded),
+                     "held": sum(r["held"] for r in bounded)}
+    return out

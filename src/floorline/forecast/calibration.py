@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from floorline.hardware import catalogue_names
+from floorline.hardware import catalogue_names, match_device_name
 from floorline.records import VALID
 from floorline.store import CellRow, Store, check_cell
 
@@ -56,11 +56,13 @@ def probe_record(results: dict, gpu: str, source: str) -> dict:
 
 
 def from_rows(rows: list[CellRow], explanations: list[dict], probes: dict[str, dict],
-              label: str) -> Calibration:
+              label: str, probe_devices: dict[str, str] | None = None) -> Calibration:
     """A database's contents as records: valid cells of catalogued GPUs (the newest of each
     model, ctx, path and GPU); CPU cells only noted, as they say nothing about a GPU; explain
-    results of catalogued GPUs that count kernels by class (the terms read those counts). A
-    GPU cell with figures no measured cell has (a zero median) is refused in one line."""
+    results of catalogued GPUs that count kernels by class (the terms read those counts); probes
+    of a catalogued GPU, known by the cells of their environment or by the device they recorded
+    (`probe_devices`). A GPU cell with figures no measured cell has (a zero median) is refused
+    in one line."""
     gpus = set(catalogue_names())
     newest: dict[tuple, CellRow] = {}
     cpu_paths = set()
@@ -75,7 +77,9 @@ def from_rows(rows: list[CellRow], explanations: list[dict], probes: dict[str, d
         if key not in newest or r.finished_at >= newest[key].finished_at:
             newest[key] = r
     cells = [cell_record(r, f"{label} cell {r.id}") for r in newest.values()]
-    env_gpu = {r.fingerprint_key: r.gpu for r in rows if r.gpu in gpus}
+    env_gpu = {key: spec.name for key, name in (probe_devices or {}).items()
+               if (spec := match_device_name(name)) is not None}
+    env_gpu.update({r.fingerprint_key: r.gpu for r in rows if r.gpu in gpus})
     probe_list = [probe_record(p, env_gpu[k], f"{label} probe")
                   for k, p in probes.items() if k in env_gpu]
     expl = [explain_record(e, f"{label} explain {e['id']}") for e in explanations
@@ -104,6 +108,7 @@ def fitted_from(db: Path | None, replace: bool = False) -> Calibration:
     cal = shipped() if not replace else Calibration()
     if db is not None or DEFAULT_DB.is_file():
         store = Store(db or DEFAULT_DB, read_only=True)
-        mine = from_rows(store.rows(), store.explanations(), store.probes(), f"{store.path}")
+        mine = from_rows(store.rows(), store.explanations(), store.probes(), f"{store.path}",
+                         store.probe_devices())
         cal = mine if replace else combine(cal, mine)
     return cal

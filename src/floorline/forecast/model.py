@@ -1,36 +1,52 @@
 """The step model, fitted per path from measured terms.
 
-    GPU side  = weight bytes / (weights' fraction of peak x peak)
+    GPU side  = weight bytes / (the memory's streaming read x peak)
+              + weight bytes x SM time per weight GB
+              + layers x fixed cost per layer
               + attention bytes / (attention's fraction of peak x peak)
               + small kernels per step x cost per small kernel
-    host side = launches per step x host cost per launch
+    host side = launches per step x host cost per launch   (paths without CUDA graphs)
+              = one graph replay                            (graph-replayed paths)
     step      = the larger of the two
 
-Fractions of peak carry from one GPU to another; the small kernels (norms, rotary,
-elementwise, sampling) are latency-bound and their cost per kernel is carried as measured.
+The streaming read is the probe's fraction of peak, the best the memory does; what a path's
+step takes beyond it is time the GPU's processors spend, which does not move with the
+bandwidth: a fixed cost per layer (the launches inside a graph, each kernel's ramp-up and
+drain), from the path family's 16-bit graph-replayed path, and the SM time per GB of weights
+that a path spends beyond that (unpacking quantised weights), from the path's own cells. Both
+are carried to another GPU as measured, as are the small kernels (norms, rotary, elementwise,
+sampling). Attention's fraction of peak carries as a fraction.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from floorline.errors import FloorlineError
 from floorline.forecast.calibration import Calibration
 from floorline.forecast.terms import (
     GPU_GOVERNED,
-    TRANSFORMERS,
     attention_bytes,
     family,
     formats,
     kind,
     layers,
+    sixteen_bit,
     weight_bytes,
 )
 from floorline.hardware import lookup
-from floorline.paths import parse_path
+from floorline.paths import parse_path, verify_tokens
 
 BIG_CLASSES = ("matrix-vector", "attention")
+STREAM, ATTENTION = "memory's streaming read", "attention's fraction of peak"
+FIXED, SM = "fixed cost per layer", "SM time per weight GB"
+LAUNCHES, LAUNCH_COST, REPLAY = "launches per layer", "host cost per launch", "host cost per step"
+
+
+class HostNotMeasured(FloorlineError):
+    """A host-bound step on a machine whose host no measurement covers."""
 
 
 @dataclass
@@ -49,9 +65,11 @@ class Term:
 class Fit:
     path: str
     kind: str
+    gpu: str  # the GPU the terms are for
     terms: dict[str, Term]
-    gpus: set[str]  # GPUs whose cells the fit used
+    gpus: set[str]  # GPUs whose cells of the path the fit used
     notes: list[str] = field(default_factory=list)
+    host_missing: str | None = None  # why the host side is not known, where it is not
 
 
 def _peak(gpu: str) -> float:
@@ -60,6 +78,35 @@ def _peak(gpu: str) -> float:
 
 def _cell_attention(c: dict) -> float:
     return attention_bytes(c["model"], c["ctx"], c["path"], c["kv_dtype"])
+
+
+def _probed(cal: Calibration, gpu: str, figure) -> float | None:
+    """The median of `figure(probe)` over `gpu`'s probes that have it; None without one."""
+    values = [figure(p) for p in cal.probes if p["gpu"] == gpu and figure(p) is not None]
+    return statistics.median(values) if values else None
+
+
+def _per_gpu(cal: Calibration, gpu: str, figure) -> tuple[float, str] | None:
+    """`figure(probe)` for `gpu`: its probes' median, else the median over the probed GPUs
+    (each GPU's median), with where it comes from; None where no probe has it."""
+    here = _probed(cal, gpu, figure)
+    if here is not None:
+        return here, f"probe on {gpu}"
+    others = {g: v for g in {p["gpu"] for p in cal.probes}
+              if (v := _probed(cal, g, figure)) is not None}
+    if others:
+        return (statistics.median(others.values()),
+                f"probes on {', '.join(sorted(others))}, carried to {gpu}")
+    return None
+
+
+def streaming_read(cal: Calibration, gpu: str) -> Term:
+    """The memory's streaming read on `gpu` as a fraction of its peak, from the probe."""
+    found = _per_gpu(cal, gpu, lambda p: p["stream_read_gbps"] * 1e6 / _peak(p["gpu"]))
+    if found is None:
+        raise FloorlineError("no forecast: the memory's streaming read is missing (run "
+                             "`floorline probe --db DB` on a GPU and forecast with --db DB)")
+    return Term(STREAM, found[0], "of peak", found[1])
 
 
 def attention_fraction(cal: Calibration, fam: str) -> Term:
@@ -85,13 +132,11 @@ def attention_fraction(cal: Calibration, fam: str) -> Term:
         sxx += sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
         used += group
     if used and sxy > 0:
-        return Term("attention's fraction of peak", sxx / sxy, "",
-                    f"slope over context of {len(used)} {fam} cells")
+        return Term(ATTENTION, sxx / sxy, "", f"slope over context of {len(used)} {fam} cells")
     for e in cal.explanations:
         if family(e["path"]) == fam and e["classes"].get("attention", {}).get("ms"):
             a = attention_bytes(e["model"], e["ctx"], e["path"], formats(e["path"])[1])
-            return Term("attention's fraction of peak",
-                        a / (e["classes"]["attention"]["ms"] * _peak(e["gpu"])), "",
+            return Term(ATTENTION, a / (e["classes"]["attention"]["ms"] * _peak(e["gpu"])), "",
                         f"explain of {e['path']} on {e['gpu']} ({e['source']})")
     raise FloorlineError(f"no forecast: attention's bandwidth for {fam} paths is missing "
                          f"(measure a {fam} path at two contexts, or run explain on one)")
@@ -130,63 +175,112 @@ def _small_ms(terms: dict[str, Term], model: str) -> float:
     return per_layer * layers(model) * terms["cost per small kernel"].value / 1e3
 
 
-def weight_fraction(cal: Calibration, path: str, terms: dict[str, Term]) -> Term:
-    """From the path's graph-replayed cells: what is left of each step after attention and the
-    small kernels, against its weight bytes (median over cells). A host-bound path takes its
-    graph-replayed twin's (same kernels), else explain's matrix-vector time, else the probe."""
-    path_spec = parse_path(path)
-    source_path = path if path_spec.graphs else replace(path_spec, graphs=True).name \
-        if family(path).startswith(TRANSFORMERS) else path
-    eta_a = terms["attention's fraction of peak"].value
-    values = []
+def reference(cal: Calibration, path: str) -> str | None:
+    """The path whose cells give `path` its fixed cost per layer: its family's 16-bit,
+    graph-replayed one-token path with the most cells (ties by name), whose step has no
+    unpacking to add; else the path itself where it is graph-replayed; else none."""
+    counts = Counter(c["path"] for c in cal.cells
+                     if family(c["path"]) == family(path) and kind(c["path"]) == GPU_GOVERNED
+                     and sixteen_bit(c["path"]) and verify_tokens(c["path"]) == 1)
+    if counts:
+        return min(counts, key=lambda p: (-counts[p], p))
+    return path if kind(path) == GPU_GOVERNED else None
+
+
+def _beyond_streaming(cal: Calibration, path: str, terms: dict[str, Term]) -> list[tuple]:
+    """(cell, ms) of each cell of `path`: its step less attention, its small kernels and its
+    weights streamed at its GPU's streaming read."""
+    eta_a = terms[ATTENTION].value
+    out = []
     for c in cal.cells:
-        if c["path"] != source_path:
+        if c["path"] != path:
             continue
-        rest = (c["ms"] - _cell_attention(c) / (eta_a * _peak(c["gpu"]))
-                - _small_ms(terms, c["model"]))
-        if rest > 0:
-            values.append(weight_bytes(c["model"], c["weight_format"]) / (rest * _peak(c["gpu"])))
-    if values:
-        return Term("weights' fraction of peak", statistics.median(values), "",
-                    f"median of {len(values)} {source_path} cells, after attention and small "
-                    f"kernels")
-    for e in cal.explanations:
-        if e["path"] == path and e["classes"].get("matrix-vector", {}).get("ms"):
-            w = weight_bytes(e["model"], formats(path)[0])
-            return Term("weights' fraction of peak",
-                        w / (e["classes"]["matrix-vector"]["ms"] * _peak(e["gpu"])), "",
-                        f"explain's matrix-vector time ({e['source']})")
-    if cal.probes:
-        p = cal.probes[-1]
-        return Term("weights' fraction of peak", p["stream_read_gbps"] * 1e6 / _peak(p["gpu"]), "",
-                    f"the probe's streaming read on {p['gpu']}, an upper bound ({p['source']})")
-    raise FloorlineError(f"no forecast: the weights' bandwidth of {path} is missing (measure "
-                         f"{source_path} on a GPU, or run explain or probe)")
+        streamed = (weight_bytes(c["model"], c["weight_format"])
+                    / (streaming_read(cal, c["gpu"]).value * _peak(c["gpu"])))
+        out.append((c, c["ms"] - _cell_attention(c) / (eta_a * _peak(c["gpu"]))
+                    - _small_ms(terms, c["model"]) - streamed))
+    return out
 
 
-def host_terms(cal: Calibration, path: str, terms: dict[str, Term]) -> dict[str, Term]:
+def fixed_cost(cal: Calibration, path: str) -> Term | None:
+    """Per layer, what the reference path's step takes beyond streaming its weights, attention
+    and small kernels (median over its cells, none below zero)."""
+    ref = reference(cal, path)
+    if ref is None:
+        return None
+    ref_terms = {ATTENTION: attention_fraction(cal, family(ref))}
+    ref_terms.update({t.name: t for t in small_kernels(cal, ref) or ()})
+    values = [ms / layers(c["model"]) for c, ms in _beyond_streaming(cal, ref, ref_terms)]
+    return Term(FIXED, max(0.0, statistics.median(values)) * 1e3, "us",
+                f"median of {len(values)} {ref} cells, after streaming their weights, "
+                f"attention and small kernels")
+
+
+def sm_time(cal: Calibration, path: str, terms: dict[str, Term]) -> Term | None:
+    """Per GB of weights, what the path's graph-replayed cells (a host-bound path's twin's,
+    the same kernels) take beyond streaming, attention, small kernels and the fixed cost per
+    layer (median, none below zero); none for the reference itself or without cells."""
+    path_spec = parse_path(path)
+    source_path = path if kind(path) == GPU_GOVERNED else replace(path_spec, graphs=True).name
+    if source_path == reference(cal, path):
+        return None
+    tau = terms[FIXED].value / 1e3 if FIXED in terms else 0.0
+    values = [(ms - tau * layers(c["model"])) / (weight_bytes(c["model"], c["weight_format"]) / 1e9)
+              for c, ms in _beyond_streaming(cal, source_path, terms)]
+    if not values:
+        return None
+    return Term(SM, max(0.0, statistics.median(values)), "ms",
+                f"median of {len(values)} {source_path} cells, beyond the fixed cost per layer")
+
+
+def host_terms(cal: Calibration, path: str, gpu: str) -> tuple[dict[str, Term], str | None]:
+    """The host side's terms for a step on `gpu`, and why they are missing where they are.
+    A graph-replayed path's host launches one graph a step (the probe's replay). A host-bound
+    path's host cost per launch is its cells' on `gpu`; else its cells' elsewhere scaled by the
+    probes' eager launch cost, here against there; else the host is not known."""
     if kind(path) == GPU_GOVERNED:
-        if not cal.probes:
-            return {}
-        p = cal.probes[-1]
-        return {"host cost per step": Term("host cost per step", p["graph_us"], "us",
-                                           f"one graph replay, {p['source']} on {p['gpu']}")}
+        found = _per_gpu(cal, gpu, lambda p: p.get("graph_us"))
+        return ({REPLAY: Term(REPLAY, found[0], "us", f"one graph replay, {found[1]}")}
+                if found else {}), None
     e = _explain_for(cal, path)
     if e is None:
         raise FloorlineError(f"no forecast: launches per step of {path} are missing (run explain "
                              f"on it or on another path of its family on a GPU)")
     per_layer = e["kernels_per_step"] / layers(e["model"])
-    costs = [c["ms"] / (per_layer * layers(c["model"])) * 1e3
-             for c in cal.cells if c["path"] == path]
-    if not costs:
+    terms = {LAUNCHES: Term(LAUNCHES, per_layer, "",
+                            f"explain of {e['path']} on {e['gpu']} ({e['source']})")}
+    mine = [c for c in cal.cells if c["path"] == path]
+    if not mine:
         raise FloorlineError(f"no forecast: no GPU cell of {path} to measure its host cost from")
-    return {"launches per layer": Term("launches per layer", per_layer, "",
-                                       f"explain of {e['path']} on {e['gpu']} ({e['source']})"),
-            "host cost per launch": Term("host cost per launch", statistics.median(costs), "us",
-                                         f"median of {len(costs)} {path} cells")}
+
+    def cost(c: dict) -> float:
+        return c["ms"] / (per_layer * layers(c["model"])) * 1e3
+
+    def eager(g: str) -> float | None:
+        return _probed(cal, g, lambda p: p.get("eager_us"))
+
+    here = [cost(c) for c in mine if c["gpu"] == gpu]
+    scaled = [cost(c) * eager(gpu) / eager(c["gpu"]) for c in mine
+              if eager(gpu) is not None and eager(c["gpu"]) is not None]
+    if here:
+        terms[LAUNCH_COST] = Term(LAUNCH_COST, statistics.median(here), "us",
+                                  f"median of {len(here)} {path} cells on {gpu}")
+    elif scaled:
+        terms[LAUNCH_COST] = Term(LAUNCH_COST, statistics.median(scaled), "us",
+                                  f"median of {len(scaled)} {path} cells elsewhere, scaled by "
+                                  f"the probes' eager launch ({eager(gpu):.2f} us on {gpu}'s host)")
+    else:
+        there = sorted({c["gpu"] for c in mine})
+        return terms, (f"{path} launches every kernel from the host's processor, so its step "
+                       f"depends on the machine as much as on the GPU, and no host was measured "
+                       f"with the {gpu} (the cells of {path} ran on the host of the "
+                       f"{', '.join(there)}, {statistics.median(cost(c) for c in mine):.1f} us a "
+                       f"launch there)")
+    return terms, None
 
 
-def fit(cal: Calibration, path: str) -> Fit:
+def fit(cal: Calibration, path: str, gpu: str) -> Fit:
+    """The terms of `path`'s step on `gpu`."""
     mine = [c for c in cal.cells if c["path"] == path]
     if not mine:
         if path in cal.cpu_paths:
@@ -194,16 +288,26 @@ def fit(cal: Calibration, path: str) -> Fit:
                                  f"nothing about a GPU's step; missing: a cell of {path} on a GPU")
         raise FloorlineError(f"no forecast: no GPU cell of {path} in the calibration; missing: "
                              f"a measurement of {path} on a GPU (floorline sweep --paths {path})")
-    terms = {"attention's fraction of peak": attention_fraction(cal, family(path))}
+    terms = {STREAM: streaming_read(cal, gpu), ATTENTION: attention_fraction(cal, family(path))}
     notes = []
     small = small_kernels(cal, path)
     if small:
         terms.update({t.name: t for t in small})
     else:
-        notes.append("no explain of this family: small kernels are folded into the weights' term")
-    terms["weights' fraction of peak"] = weight_fraction(cal, path, terms)
-    terms.update(host_terms(cal, path, terms))
-    return Fit(path, kind(path), terms, {c["gpu"] for c in mine}, notes)
+        notes.append("no explain of this family: small kernels are folded into the fixed cost "
+                     "per layer")
+    fixed = fixed_cost(cal, path)
+    if fixed is not None:
+        terms[FIXED] = fixed
+    extra = sm_time(cal, path, terms)
+    if extra is not None:
+        terms[SM] = extra
+    if fixed is None:
+        notes.append("no graph-replayed 16-bit path of its family was measured: no fixed cost "
+                     "per layer")
+    host, missing = host_terms(cal, path, gpu)
+    terms.update(host)
+    return Fit(path, kind(path), gpu, terms, {c["gpu"] for c in mine}, notes, missing)
 
 
 @dataclass
@@ -217,17 +321,29 @@ class Step:
         return max(self.gpu_ms, self.host_ms)
 
 
-def step(f: Fit, model: str, gpu: str, ctx: int) -> Step:
-    t, peak = f.terms, _peak(gpu)
+def step(f: Fit, model: str, ctx: int) -> Step:
+    """The step of `model` at `ctx` on the fit's GPU; where the fit's host side is not known, a
+    refusal that gives the GPU side's forecast and asks for the host's measurement."""
+    t, peak = f.terms, _peak(f.gpu)
     w_fmt, kv = formats(f.path)
+    w = weight_bytes(model, w_fmt)
     parts = {
-        "weights": weight_bytes(model, w_fmt) / (t["weights' fraction of peak"].value * peak),
-        "attention": (attention_bytes(model, ctx, f.path, kv)
-                      / (t["attention's fraction of peak"].value * peak)),
+        "weights streamed": w / (t[STREAM].value * peak),
+        "SM time on the weights": w / 1e9 * t[SM].value if SM in t else 0.0,
+        "fixed cost of the layers": layers(model) * t[FIXED].value / 1e3 if FIXED in t else 0.0,
+        "attention": attention_bytes(model, ctx, f.path, kv) / (t[ATTENTION].value * peak),
         "small kernels": _small_ms(t, model),
     }
-    if "host cost per launch" in t:
-        host = t["launches per layer"].value * layers(model) * t["host cost per launch"].value / 1e3
+    gpu_ms = sum(parts.values())
+    if f.host_missing:
+        raise HostNotMeasured(
+            f"no forecast: {f.host_missing}. The GPU side is forecast at {gpu_ms:.2f} ms, and the "
+            f"step takes the longer of it and the host side, which only the host can tell: run "
+            f"`floorline probe --db floorline.db` on the machine with the GPU, then forecast "
+            f"with --db floorline.db")
+    if LAUNCH_COST in t:
+        host = t[LAUNCHES].value * layers(model) * t[LAUNCH_COST].value / 1e3
     else:
-        host = t["host cost per step"].value / 1e3 if "host cost per step" in t else 0.0
-    return Step(sum(parts.values()), host, parts)
+        host = t[REPLAY].value / 1e3 if REPLAY in t else 0.0
+    return Step(gpu_ms, host, parts)
+

@@ -5,6 +5,7 @@ from __future__ import annotations
 from floorline.errors import FloorlineError
 from floorline.forecast.accuracy import forecast
 from floorline.forecast.calibration import Calibration
+from floorline.forecast.model import HostNotMeasured
 from floorline.hardware import lookup
 from floorline.models import resolve_model
 from floorline.traffic import floor
@@ -37,8 +38,9 @@ def study_check(cal: Calibration, study: dict, loo: list[dict]) -> list[dict]:
             f = forecast(cal, ref["model"], ref["gpu"], ref["ctx"], ref["path"], loo)
         except FloorlineError as e:
             out.append({**ref, "forecast_ms": None, "low": None, "high": None, "error": None,
-                        "missing": str(e)})
+                        "missing": str(e), "host_missing": isinstance(e, HostNotMeasured)})
             continue
         out.append({**ref, "forecast_ms": f.ms, "low": f.low, "high": f.high,
-                    "error": (f.ms - ref["published_ms"]) / ref["published_ms"], "missing": None})
+                    "error": (f.ms - ref["published_ms"]) / ref["published_ms"], "missing": None,
+                    "host_missing": False})
     return out

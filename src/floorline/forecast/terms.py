@@ -8,7 +8,7 @@ from floorline.errors import FloorlineError
 from floorline.hardware import lookup
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, parse_path
-from floorline.traffic import floor, kv_heads_and_dim, kv_layout
+from floorline.traffic import WEIGHT_FORMATS, count_parameters, floor, kv_heads_and_dim, kv_layout
 
 GPU_GOVERNED, HOST_BOUND = "GPU-governed", "host-bound"
 TRANSFORMERS = "transformers"
@@ -36,6 +36,17 @@ def kind(path: str) -> str:
 def formats(path: str) -> tuple[str, str]:
     p = REGISTRY[parse_path(path).base]
     return p.weight_format, p.kv_dtype
+
+
+def sixteen_bit(path: str) -> bool:
+    """Weights and LM head multiplied as stored, 16 bits each: nothing to unpack."""
+    fmt = WEIGHT_FORMATS.get(formats(path)[0])
+    return fmt is not None and fmt.bits == 16 and fmt.head_bits == 16
+
+
+@cache
+def parameters(model: str) -> int:
+    return count_parameters(resolve_model(model)).total
 
 
 @cache

@@ -14,7 +14,7 @@ from floorline.forecast.calibration import from_rows
 from floorline.forecast.published import study_check
 from floorline.measure.quality import describe as describe_quality
 from floorline.records import VALID
-from floorline.report import figures, here
+from floorline.report import beside, figures, here
 from floorline.report.headline import headline, small_multiples
 from floorline.store import Store, quality_by_cell
 from floorline.study import study
@@ -53,6 +53,18 @@ QUALITY_NOTE = (
     "counted apart). A model's weights are what its directory holds: float32 is the quality of "
     "those values, not of the model its makers trained; SmolLM2-135M's directory, for one, holds "
     "its Q4_1 GGUF's values dequantised. Random weights have no quality to measure.")
+
+BESIDE_NOTES = {
+    "The study's published cells beside this database's": (
+        "Each cell the study published, as it published it (ms per step where it printed one, "
+        "else from its fraction of the floor), beside the same model, context, path and GPU here: "
+        "the median over the runs of one provenance class, with its range and the number of "
+        "runs. Both fractions of the floor count every parameter's bytes, as the study does; a "
+        "cell this database lacks says not measured."),
+    "The study's A/B beside this database's": (
+        "The study's A/B experiments beside the newest A/B here of the same arms, GPU and "
+        "context: the mean ratio over fresh sessions with its 95% BCa interval."),
+}
 
 # How to read a figure, where it is not plain from its axes.
 NOTES = {
@@ -213,20 +225,28 @@ def build_report(db: Path, out: Path) -> dict:
         html_parts.append(f"<p class='source'>{prose_html(drawn)}.</p>")
         md_parts.append(drawn + ".")
 
-    cal = from_rows(sources["cells"], sources["explanations"], store.probes(), "cell")
+    cal = from_rows(sources["cells"], sources["explanations"], store.probes(), "cell",
+                    store.probe_devices())
     loo = leave_one_out(cal)
     forecast_rows = [[r["source"].removeprefix("cell "), r["model"], r["gpu"], r["ctx"], r["path"],
                       r["kind"], r["measured_ms"], r["forecast_ms"], f"{r['error']:+.1%}"]
                      for r in loo]
     study_rows = [[r["gpu"], r["model"], r["ctx"], r["path"], r["published_ms"], r["forecast_ms"],
-                   f"{r['error']:+.1%}"] for r in study_check(cal, study(), loo)
-                  if r["forecast_ms"] is not None]
+                   f"{r['error']:+.1%}" if r["forecast_ms"] is not None else
+                   "not forecast: no host was measured with this GPU (floorline probe there)"]
+                  for r in study_check(cal, study(), loo)
+                  if r["forecast_ms"] is not None or r["host_missing"]]
     cell_rows = [[c.id, c.model, c.ctx, c.path, c.gpu, c.status, c.median_ms,
                   c.floor_ms, c.fraction_of_floor, c.achieved_gbps, c.reason]
                  for c in sources["cells"]]
     sections = [("Cells (the newest row of each)",
                  ["id", "model", "ctx", "path", "gpu", "status", "ms/step", "floor ms", "of floor",
-                  "GB/s", "reason"], cell_rows)]
+                  "GB/s", "reason"], cell_rows),
+                ("The study's published cells beside this database's",
+                 ["gpu", "model", "ctx", "path", "study ms", "study of floor", "ms here",
+                  "of floor here"], beside.cells(sources["runs"])),
+                ("The study's A/B beside this database's",
+                 ["gpu", "ctx", "arms", "study", "here"], beside.ab(sources["ab"]))]
     if loo:
         parts = [f"{k}: mean absolute error {v['mae']:.1%} over {v['cells']} cells, the 90% "
                  f"interval held {v['covered']} of {v['with_interval']}"
@@ -260,9 +280,13 @@ def build_report(db: Path, out: Path) -> dict:
                      [[k, *(f.get(x) for x in env_fields)] for k, f in fingerprints.items()]))
     empty = empty_tables()
     for name, header, rows in sections:
-        h, m = _table(header, rows, percent=("of floor", "kept"))
+        h, m = _table(header, rows,
+                      percent=("of floor", "kept", "study of floor", "of floor here"))
         if name == "Quality against float32" and rows:
             h, m = f"<p>{prose_html(QUALITY_NOTE)}</p>{h}", f"{QUALITY_NOTE}\n\n{m}"
+        if name in BESIDE_NOTES:
+            h, m = (f"<p>{prose_html(BESIDE_NOTES[name])}</p>{h}",
+                    f"{BESIDE_NOTES[name]}\n\n{m}")
         html_parts.append(f"<h2>{html.escape(name)}</h2>"
                           + (h if rows else f"<p class='missing'>{prose_html(empty[name])}</p>"))
         md_parts.append(f"## {name}\n\n" + (m if rows else f"*{empty[name]}*"))

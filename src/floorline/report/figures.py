@@ -143,7 +143,8 @@ def per_path_legend(fig, axes) -> None:
 
 def fraction_vs_bandwidth(cells):
     """Fraction of the memory floor against peak bandwidth (the datasheet's, or the measured
-    streaming read where a device has none, as on a CPU). Log x: bandwidths span 20 to 5000 GB/s."""
+    streaming read where a device has none, as on a CPU), the study's published cells as stars
+    and the same cells measured here beside them. Log x: bandwidths span 20 to 5000 GB/s."""
     cells = _valid(cells)
     fig, ax = plt.subplots(figsize=(8, 5.5), layout="constrained")
     for path in sorted({c.path for c in cells}):
@@ -158,6 +159,15 @@ def fraction_vs_bandwidth(cells):
                     (lookup(r["gpu"]).peak_gbps, r["value"]),
                     textcoords="offset points", xytext=(-10, 0), ha="right", va="center",
                     fontsize=7)
+        # the same cell measured here, under the study's floor, beside the study's star
+        here = [c for c in cells if (c.gpu, c.model, c.ctx, c.path)
+                == (r["gpu"], r["model"], r["ctx"], r["path"]) and c.floor_ms_all_params]
+        for c in here:
+            value = c.floor_ms_all_params / c.median_ms
+            ax.scatter([c.peak_gbps], [value], marker="*", s=200, facecolor="none",
+                       edgecolor="black", label="the study's cell, measured here")
+            ax.annotate(f"here {value:.0%}", (c.peak_gbps, value), textcoords="offset points",
+                        xytext=(10, 0), ha="left", va="center", fontsize=7)
     peaks = [c.peak_gbps for c in cells] + [lookup(r["gpu"]).peak_gbps for r in ref]
     top = max([c.fraction_of_floor for c in cells] + [r["value"] for r in ref] + [1.0])
     # Room left of the leftmost star for its label.

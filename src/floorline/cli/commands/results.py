@@ -69,10 +69,9 @@ def predict_cmd(
                 f"no interval: {f.errors_used} held-out {f.fit.kind} cells are too few for "
                 f"{LEVEL:.0%}")
     s = f.step
+    parts = ", ".join(f"{name} {ms:.2f}" for name, ms in s.parts.items() if ms)
     out.print(f"{f.fit.path} on {f.gpu}, {f.model} ctx {f.ctx}: {f.ms:.2f} ms/step ({interval})\n"
-              f"  GPU side {s.gpu_ms:.2f} ms (weights {s.parts['weights']:.2f}, attention "
-              f"{s.parts['attention']:.2f}, small kernels {s.parts['small kernels']:.2f}); "
-              f"host side {s.host_ms:.2f} ms; the "
+              f"  GPU side {s.gpu_ms:.2f} ms ({parts}); host side {s.host_ms:.2f} ms; the "
               f"{'GPU' if s.gpu_ms >= s.host_ms else 'host'} side governs",
               highlight=False, markup=False)
     out.print("  terms:", highlight=False, markup=False)

@@ -1,0 +1,111 @@
+"""The forecast left one GPU out: calibrated on one GPU's committed results alone
+(bench/forecast_calibration.py: its cells, explain decompositions and probes), each cell of the
+other GPU forecast as for a GPU not in hand, the error per family of paths (small models under
+2 B parameters; the engine per weight format; the stock paths by kind), and every cell.
+
+The H100's fp8 cells use the tensor cores' kernel where its tuning table chose it, which the
+H200's table does not: the H100's cells timed with the CUDA cores' table (runs labelled cores-N,
+bench/results/h100-fp8-dots/) are forecast as well, as the same kernels as the H200's.
+
+The H100's SmolLM2-135M cells need that model's config: `floorline models fetch smollm2-135m`.
+
+    PYTHONPATH=src python bench/forecast_gpus.py > bench/results/forecast/forecast_gpus.md
+"""
+
+import sys
+
+from floorline.errors import FloorlineError
+from floorline.forecast.accuracy import by_family, leave_one_gpu_out
+from floorline.forecast.calibration import Calibration, from_rows
+from floorline.models import resolve_model
+from floorline.store import Store
+from forecast_calibration import RESULTS, h100, h200
+
+FP8_DOTS = RESULTS / "h100-fp8-dots"
+
+
+def cores_cells() -> list[dict]:
+    """The H100's engine cells of the fp8 runs timed with the CUDA cores' table, the newest
+    of each."""
+    newest: dict[tuple, dict] = {}
+    for name in ("h100_engine_fp8dots.db", "h100_engine_fp8dots_more.db"):
+        store = Store(FP8_DOTS / name, read_only=True)
+        cores = {r["id"] for r in store.runs() if (r.get("label") or "").startswith("cores-")}
+        rows = [r for r in store.rows(latest=False) if r.run_id in cores]
+        for c in from_rows(rows, [], {}, f"H100 h100-fp8-dots/{name}").cells:
+            key = (c["model"], c["ctx"], c["path"])
+            if key not in newest or c["finished_at"] >= newest[key]["finished_at"]:
+                newest[key] = c
+    return list(newest.values())
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def summary(rows: list[dict], held_in: str, held_out: str) -> list[str]:
+    lines = [f"Calibrated on the {held_in} alone, forecast on the {held_out}:", "",
+             "| family | cells forecast | mean absolute error | largest | 90% interval held | "
+             "not forecast |", "|---|---|---|---|---|---|"]
+    for name, f in by_family(rows).items():
+        mae = "-" if f["mae"] is None else f"{f['mae']:.1%}"
+        held = f"{f['held']} of {f['with_interval']}" if f["with_interval"] else "-"
+        lines.append(f"| {name} | {f['cells']} | {mae} | {pct(f['worst'])} | {held} | "
+                     f"{f['not_forecast'] or ''} |")
+    missing = [r for r in rows if r["missing"]]
+    unmeasured = sorted({r["path"] for r in missing if "no GPU cell of" in r["missing"]})
+    reasons = {
+        f"the {held_in}'s results hold no probe, whose streaming read the model needs":
+            sum("streaming read is missing" in r["missing"] for r in missing),
+        f"path not measured on the {held_in} ({', '.join(unmeasured)})":
+            sum("no GPU cell of" in r["missing"] for r in missing),
+        f"host-bound, and no host was measured with the {held_out}":
+            sum("no host was measured" in r["missing"] for r in missing)}
+    if missing:
+        lines += ["", "Not forecast:"] + [f"- {n} cells: {why}" for why, n in reasons.items()
+                                          if n]
+        assert sum(reasons.values()) == len(missing), "a reason not accounted for"
+    return lines + [""]
+
+
+def cells(rows: list[dict]) -> list[str]:
+    lines = ["| family | path | model | ctx | measured ms | forecast ms | error | interval held |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in sorted((r for r in rows if r["error"] is not None),
+                    key=lambda r: (r["family"], r["path"], r["model"], r["ctx"])):
+        held = "-" if r["held"] is None else ("yes" if r["held"] else "no")
+        lines.append(f"| {r['family']} | {r['path']} | {r['model']} | {r['ctx']} | "
+                     f"{r['measured_ms']:.3f} | {r['forecast_ms']:.3f} | {pct(r['error'])} | "
+                     f"{held} |")
+    return lines + [""]
+
+
+def main() -> None:
+    try:
+        resolve_model("smollm2-135m")
+    except FloorlineError as e:
+        sys.exit(f"forecast_gpus: {e} (the H100's SmolLM2 cells need its config)")
+    h2, h1 = h200(), h100()
+    both = Calibration(h2.cells + h1.cells, h2.explanations + h1.explanations,
+                       h2.probes + h1.probes)
+    out = ["# The forecast left one GPU out", "",
+           f"H200: {len(h2.cells)} cells, {len(h2.explanations)} explain, {len(h2.probes)} "
+           f"probes; H100: {len(h1.cells)} cells, {len(h1.explanations)} explain, "
+           f"{len(h1.probes)} probes (bench/forecast_calibration.py).", ""]
+    runs = {}
+    for held_in, held_out, gpu in (("H200", "H100", "h100-sxm5"), ("H100", "H200", "h200")):
+        runs[gpu] = leave_one_gpu_out(both, gpu)
+        out += summary(runs[gpu], held_in, held_out)
+    cores = Calibration(h2.cells + [c for c in h1.cells if c["path"] not in
+                                    {d["path"] for d in cores_cells()}] + cores_cells(),
+                        both.explanations, both.probes)
+    fp8 = [r for r in leave_one_gpu_out(cores, "h100-sxm5")
+           if "fp8" in r["path"] and r["model"] != "smollm2-135m"]
+    out += ["The H100's fp8 cells timed with the CUDA cores' table (the H200's kernels), "
+            "calibrated on the H200 alone:", ""] + cells(fp8)
+    out += ["## Every cell forecast, H200 to H100", ""] + cells(runs["h100-sxm5"])
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
