@@ -1,0 +1,110 @@
+"""The engine's step on the CPU, built for speed: the default there (floorline.engine.runtime).
+
+The reference (floorline.engine.ops.ReferenceOps) stays what the kernels are tested against: fp32
+products from an fp32 copy of every matrix, and attention over the whole cache's capacity. This
+step reads each 16-bit matrix as it is stored, once a step, and attends over the live positions
+only. Measured on 2 cores of an AMD EPYC with AVX-512 BF16 (torch 2.13.0, SmolLM2-135M's shapes,
+the 30 layers' matrices read in turn so that none stays in cache; `bench/cpu_engine.py`
+prints these): a one-row bf16 product takes 7.2 ms over the layers through ATen's own GEMV,
+which reads the weights at about the host's streaming bandwidth, against 18.3 ms through
+oneDNN, PyTorch's default for bf16 (and 12.7 ms with oneDNN's packed weights, an extra copy
+of every matrix); the fp32 reference's products took 45 ms. int8 products
+(`torch._weight_int8pack_mm`) took 12.0 ms, no faster, and change the format. So a one-row
+16-bit product runs with oneDNN switched off around it; several rows (a verify step) keep
+oneDNN, whose GEMM is faster from 4 rows (10.6 ms against 46.6 at 16 rows).
+
+x is normalised in fp32, rounded to the weights' dtype and multiplied with fp32 accumulation;
+the product's output is rounded to that dtype before it joins the fp32 residual stream or the
+logits (as transformers' bf16 model rounds it). A quantised matrix (int4, fp8) has no faster
+product here: it is multiplied as the reference multiplies it, from its fp32 form made once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.backends.mkldnn as onednn
+import torch.nn.functional as F
+
+from floorline.engine.kvcache import FP8, dequantise, quantise
+from floorline.engine.ops import ReferenceOps
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x W^T in W's dtype: a single 16-bit row through ATen's GEMV (oneDNN off around it),
+    anything else as PyTorch chooses."""
+    if x.dim() > 1 or w.dtype == torch.float32:
+        return F.linear(x, w)
+    enabled = onednn.enabled
+    onednn.enabled = False
+    try:
+        return F.linear(x, w)
+    finally:
+        onednn.enabled = enabled
+
+
+class CpuOps(ReferenceOps):
+    """The CPU's fast step: the reference's embedding, norms and argmax, its own products and
+    attention (module docstring)."""
+
+    name = "cpu"
+
+    def gemv(self, x, w, out, *, norm=None, eps: float = 0.0, up=None, bias=None,
+             accumulate: bool = False, act: str = "silu") -> None:
+        if not isinstance(w, torch.Tensor):
+            super().gemv(x, w, out, norm=norm, eps=eps, up=up, bias=bias,
+                         accumulate=accumulate, act=act)
+            return
+        xf = x.float()
+        if norm is not None:
+            xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * norm
+        xw = xf.to(w.dtype)
+        y = linear(xw, w)
+        if up is not None:
+            gate = F.silu(y) if act == "silu" else F.gelu(y, approximate="tanh")
+            y = gate.mul_(linear(xw, up))
+        if bias is not None:
+            y = y + bias
+        if accumulate:
+            out.add_(y)
+        else:
+            out.copy_(y)
+
+    @staticmethod
+    def attention(qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,
+                  window: int | None, scratch=None, block_t: int = 64, scales=None,
+                  q_norm=None, k_norm=None, eps: float = 0.0, rotary: int | None = None) -> None:
+        """The reference's contract (floorline.engine.kernels.attention), over the live span
+        only: the position is read on the host, which a CPU step can afford."""
+        fp8 = k_cache.dtype == FP8
+        n_kv_heads, head_dim = k_cache.shape[0], k_cache.shape[-1]
+        n_heads = out.numel() // head_dim
+        p = int(pos)
+        rotated = (n_heads + n_kv_heads) * head_dim
+        x = qkv[:rotated].view(-1, head_dim).float()
+        if q_norm is not None:
+            weight = torch.cat([q_norm.float().expand(n_heads, -1),
+                                k_norm.float().expand(n_kv_heads, -1)])
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+        turned = rotary or head_dim
+        c, s = cos[p], sin[p]
+        x1, x2 = x[:, :turned].chunk(2, dim=-1)
+        # rounded to the activations' dtype, as the kernel and the reference round q and k
+        r = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, x[:, turned:]], dim=-1).to(qkv.dtype)
+        k_new, v_new = r[n_heads:], qkv[rotated:].view(n_kv_heads, head_dim)
+        lo = 0 if window is None else max(0, p + 1 - window)
+        if fp8:  # V transposed: its tokens are the last dimension (floorline.engine.kvcache)
+            for x_new, cache, cache_scale in ((k_new, k_cache, scales[0]),
+                                              (v_new, v_cache.transpose(1, 2), scales[1])):
+                values, x_scale = quantise(x_new)
+                cache[:, p] = values
+                cache_scale[:, p] = x_scale
+            keys = dequantise(k_cache[:, lo:p + 1], scales[0][:, lo:p + 1], torch.float32)
+            values = dequantise(v_cache[:, :, lo:p + 1].transpose(1, 2), scales[1][:, lo:p + 1],
+                                torch.float32)
+        else:
+            k_cache[:, p] = k_new
+            v_cache[:, p] = v_new
+            keys, values = k_cache[:, lo:p + 1].float(), v_cache[:, lo:p + 1].float()
+        q = r[:n_heads].view(n_kv_heads, -1, head_dim).float() * scale
+        probs = torch.bmm(q, keys.transpose(1, 2)).softmax(dim=-1)
+        out.copy_(torch.bmm(probs, values).view(-1))
