@@ -12,8 +12,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from floorline import hardware
-from floorline.cli.options import DB_OPTION, one_context, resolve_noted
+from floorline.cli.options import DB_OPTION, named_gpu, one_context, resolve_noted
 from floorline.cli.render import cells_table, err, out, runs_table, speculation_table
 from floorline.errors import FloorlineError
 from floorline.measure.reduction import reductions
@@ -58,7 +57,7 @@ def predict_cmd(
     if replace and db is None:
         raise FloorlineError("--replace needs --db: the database to fit from instead")
     # as the cells name them; the names checked before a model's config is read
-    gpu, path = hardware.lookup(gpu).name, parse_path(path).name
+    gpu, path = named_gpu(gpu).name, parse_path(path).name
     model = resolve_noted(model).name
     f = forecast(fitted_from(db, replace), model, gpu, one_context(ctx, "predict"), path)
     if as_json:

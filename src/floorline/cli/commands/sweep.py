@@ -23,6 +23,7 @@ from floorline.cli.options import (
     WARMUP_OPTION,
     check_device,
     fleet_device,
+    named_gpu,
     parse_contexts,
     parse_count,
     parse_rel_width,
@@ -39,7 +40,6 @@ from floorline.cli.render import (
     progress_bar,
     quality_table,
 )
-from floorline.hardware import lookup
 from floorline.measure.quality import (
     SWEEP_TOKENS,
     TOKENS,
@@ -114,7 +114,7 @@ def sweep(
         if quality_keys:
             err.print("quality is not measured with --cluster: `floorline quality` measures it "
                       "on one machine", highlight=False, markup=False)
-        return fleet_sweep(keys, db, cluster, device, gpu and lookup(gpu), force, seed,
+        return fleet_sweep(keys, db, cluster, device, gpu and named_gpu(gpu), force, seed,
                            trust_remote_code, timeout_s, options, label)
     device_spec = resolve_gpu(gpu, device)
     runner = Sweep(Store(db), device, device_spec, force=force, seed=seed,
