@@ -8,7 +8,7 @@ import torch.backends.mkldnn as onednn
 from tests.test_engine_families import spec as family_spec
 
 from floorline.engine import Engine
-from floorline.engine.cpu import CpuOps, linear
+from floorline.engine.cpu import REFINED, CpuOps, linear
 from floorline.engine.ops import ReferenceOps
 from floorline.models import resolve_model
 
@@ -84,3 +84,24 @@ def test_cpu_ops_are_the_default_on_the_cpu_and_the_reference_stays():
     assert isinstance(Engine(spec, "cpu", 16).ops, CpuOps)
     reference = Engine(spec, "cpu", 16, backend="reference").ops
     assert type(reference) is ReferenceOps and reference.name == "reference"
+
+
+def test_the_logits_leaders_are_the_fp32_products():
+    """A bf16 head into fp32 logits: the REFINED largest as the reference computes them (fp32 x,
+    fp32 sums), the rest within bf16's rounding; a near tie below that rounding is decided as
+    the reference decides it."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(576, generator=g)
+    w = (torch.randn(4096, 576, generator=g) * 0.05).bfloat16()
+    w[0] = (x / x.norm()).bfloat16()  # rows 0 and 1 lead the rest by far
+    w[1] = w[0]
+    j = x.abs().argmax()
+    w[1, j] = w[0, j].float() * (1 + 2 ** -7)  # row 1 ahead by less than bf16's rounding
+    out, reference = torch.empty(4096), torch.empty(4096)
+    CpuOps().gemv(x, w, out)
+    ReferenceOps().gemv(x, w, reference)
+    top = reference.topk(REFINED).indices
+    assert torch.allclose(out[top], reference[top], rtol=1e-6)
+    assert (out - reference).abs().max() < 2 ** -7 * reference.abs().max()
+    assert out.argmax() == reference.argmax() == 1
+    assert linear(x.bfloat16(), w).argmax() == 0  # every logit rounded: a tie, row 0 taken

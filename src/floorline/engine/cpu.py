@@ -14,9 +14,15 @@ of every matrix); the fp32 reference's products took 45 ms. int8 products
 oneDNN, whose GEMM is faster from 4 rows (10.6 ms against 46.6 at 16 rows).
 
 x is normalised in fp32, rounded to the weights' dtype and multiplied with fp32 accumulation;
-the product's output is rounded to that dtype before it joins the fp32 residual stream or the
-logits (as transformers' bf16 model rounds it). A quantised matrix (int4, fp8) has no faster
-product here: it is multiplied as the reference multiplies it, from its fp32 form made once.
+the product's output is rounded to that dtype before it joins the fp32 residual stream (as
+transformers' bf16 model rounds it). An fp32 output (the logits) keeps that rounding only in its
+tail: its REFINED largest entries are computed again from the fp32 x, as the reference computes
+them, so that the token chosen is the reference's wherever its logit leads the rest by more
+than the rounding. On SmolLM2-135M in bf16, greedy tokens agreed with float32's for 474 of 22
+prompts x 32 tokens (summed up to each prompt's first difference) with every logit rounded,
+621 with the leaders recomputed, against 624 for the reference's bf16 step and 557 for
+transformers' bf16 model. A quantised matrix (int4, fp8) has no faster product here: it is
+multiplied as the reference multiplies it, from its fp32 form made once.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import torch.nn.functional as F
 
 from floorline.engine.kvcache import FP8, dequantise, quantise
 from floorline.engine.ops import ReferenceOps
+
+REFINED = 16  # an fp32 output's leading entries, computed again in fp32 (module docstring)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -66,8 +74,12 @@ class CpuOps(ReferenceOps):
             y = y + bias
         if accumulate:
             out.add_(y)
-        else:
-            out.copy_(y)
+            return
+        out.copy_(y)
+        if out.dtype == torch.float32 and w.dtype != torch.float32 and up is None:
+            top = out.topk(min(REFINED, out.shape[-1]), dim=-1).indices
+            exact = (w[top].float() @ xf.unsqueeze(-1)).squeeze(-1)
+            out.scatter_(-1, top, exact if bias is None else exact + bias[top].float())
 
     @staticmethod
     def attention(qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,
