@@ -36,13 +36,19 @@ def cpu_use() -> dict | None:
     return {**ticks, "own_s": own.user + own.system}
 
 
+# Fewer ticks between two reads than this (half a second of one CPU at Linux's 100 a second)
+# say nothing of a share: a tick is counted whole.
+MIN_TICKS = 50
+
+
 def others_share(start: dict | None, end: dict | None) -> float | None:
     """The share of the host's CPU time between two cpu_use() reads that other processes took:
-    the busy time less this process's own; None where either read is missing."""
+    the busy time less this process's own; None where either read is missing or they are
+    under MIN_TICKS apart."""
     if not start or not end:
         return None
     total = end["total"] - start["total"]
-    if total <= 0:
+    if total < MIN_TICKS:
         return None
     busy = total - (end["idle"] - start["idle"]) - (end["steal"] - start["steal"])
     own = (end["own_s"] - start["own_s"]) * os.sysconf("SC_CLK_TCK")

@@ -82,12 +82,6 @@ def unsteady_reason(details: dict, summary: dict | None) -> str | None:
         failed.append(f"the automatic warm-up stopped at its cap{limit} after "
                       f"{details.get('warmup_steps')} steps, {agreeing}")
         longer_warmup = True
-    others, spare = details.get("others_cpu"), details.get("spare_cpu") or 0.0
-    if others is not None and others > spare + MAX_OTHERS:
-        bound = (f"{spare + MAX_OTHERS:.0%}: the {spare:.0%} its threads left free and "
-                 f"{MAX_OTHERS:.0%}" if spare else f"{MAX_OTHERS:.0%}")
-        failed.append(f"other processes took {others:.0%} of the host's CPU time while its "
-                      f"steps ran (bound {bound})")
     n = (summary or {}).get("n") or details.get("timed_steps") or 0
     d = details.get("drift") if n >= MIN_STEPS else None
     if d is not None and (d > MAX_DRIFT or d < 1 / MAX_DRIFT):
@@ -99,6 +93,12 @@ def unsteady_reason(details: dict, summary: dict | None) -> str | None:
         failed.append(f"its p10-p90 {summary['p10_ms']:.3g}-{summary['p90_ms']:.3g} ms spans "
                       f"{s:.0%} of its median {summary['median_ms']:.3g} ms (bound "
                       f"{MAX_SPREAD:.0%})")
+    others, spare = details.get("others_cpu"), details.get("spare_cpu") or 0.0
+    if others is not None and n >= MIN_STEPS and others > spare + MAX_OTHERS:
+        bound = (f"{spare + MAX_OTHERS:.0%}: the {spare:.0%} its threads left free and "
+                 f"{MAX_OTHERS:.0%}" if spare else f"{MAX_OTHERS:.0%}")
+        failed.append(f"other processes took {others:.0%} of the host's CPU time while its "
+                      f"steps ran (bound {bound})")
     if not failed:
         return None
     warmup = (f", or with a fixed, longer warm-up (`--warmup N`, N above "
