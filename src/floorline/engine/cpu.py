@@ -4,14 +4,14 @@ The reference (floorline.engine.ops.ReferenceOps) stays what the kernels are tes
 products from an fp32 copy of every matrix, and attention over the whole cache's capacity. This
 step reads each 16-bit matrix as it is stored, once a step, and attends over the live positions
 only. Measured on 2 cores of an AMD EPYC with AVX-512 BF16 (torch 2.13.0, SmolLM2-135M's shapes,
-the 30 layers' matrices read in turn so that none stays in cache; `bench/cpu_engine.py`
-prints these): a one-row bf16 product takes 7.2 ms over the layers through ATen's own GEMV,
-which reads the weights at about the host's streaming bandwidth, against 18.3 ms through
-oneDNN, PyTorch's default for bf16 (and 12.7 ms with oneDNN's packed weights, an extra copy
-of every matrix); the fp32 reference's products took 45 ms. int8 products
-(`torch._weight_int8pack_mm`) took 12.0 ms, no faster, and change the format. So a one-row
-16-bit product runs with oneDNN switched off around it; several rows (a verify step) keep
-oneDNN, whose GEMM is faster from 4 rows (10.6 ms against 46.6 at 16 rows).
+the 30 layers' matrices and the head read in turn so that none stays in cache; one run of
+`bench/cpu_engine.py`): a one-row bf16 product took 11.07 ms over them through ATen's own GEMV,
+against 20.38 ms through oneDNN, PyTorch's default for bf16, and 15.70 ms with oneDNN's packed
+weights (an extra copy of every matrix); the fp32 reference's products took 44.63 ms. int8
+products (`torch._weight_int8pack_mm`) took 10.07 ms, on half the bytes: another format, with
+a floor of its own, not this step's. So up to ATEN_ROWS rows run with oneDNN switched off around
+the product; more rows (a verify step) keep oneDNN, whose GEMM is faster from 4 rows (22.44 ms
+against 28.25 at 4 rows, 31.02 against 113.99 at 16; at 2, 20.53 against 15.12).
 
 x is normalised in fp32, rounded to the weights' dtype and multiplied with fp32 accumulation;
 the product's output is rounded to that dtype before it joins the fp32 residual stream (as
@@ -35,12 +35,13 @@ from floorline.engine.kvcache import FP8, dequantise, quantise
 from floorline.engine.ops import ReferenceOps
 
 REFINED = 16  # an fp32 output's leading entries, computed again in fp32 (module docstring)
+ATEN_ROWS = 2  # 16-bit products of up to this many rows through ATen's GEMV (module docstring)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x W^T in W's dtype: a single 16-bit row through ATen's GEMV (oneDNN off around it),
-    anything else as PyTorch chooses."""
-    if x.dim() > 1 or w.dtype == torch.float32:
+    """x W^T in W's dtype: up to ATEN_ROWS 16-bit rows through ATen's GEMV (oneDNN off around
+    it), anything else as PyTorch chooses."""
+    if (x.dim() > 1 and x.shape[0] > ATEN_ROWS) or w.dtype == torch.float32:
         return F.linear(x, w)
     enabled = onednn.enabled
     onednn.enabled = False
