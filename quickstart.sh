@@ -9,10 +9,12 @@ set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${VENV:-.venv}
 if [[ ! -x $VENV/bin/floorline ]]; then
-  # System packages stay visible so that a machine's own CUDA build of torch is used as it is.
+  # System packages stay visible so that a machine's own CUDA build of torch is used as it is;
+  # one pip run installs everything (a second run resolving again cost seconds).
   python3 -m venv --system-site-packages "$VENV"
-  "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/python" -m pip install -q torch==2.13.0
-  "$VENV/bin/python" -m pip install -q -e '.[test]'
+  packages=(-e '.[test]')
+  "$VENV/bin/python" -c "import torch" 2>/dev/null || packages+=(torch==2.13.0)
+  "$VENV/bin/python" -m pip install -q "${packages[@]}"
 fi
 case "${1:-}" in
   setup) ;;
@@ -21,7 +23,9 @@ case "${1:-}" in
     if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.cuda.is_available())"; then
       "$fl" sweep && "$fl" report --out report
     elif "$fl" models fetch smollm2-135m; then
-      "$fl" sweep && "$fl" generate --model smollm2-135m --max-new-tokens 64 \
+      # quality on the text's first 1024 tokens (two windows), half a sweep's default: the
+      # demo's three minutes; `floorline quality` measures 8192
+      "$fl" sweep --quality-tokens 1024 && "$fl" generate --model smollm2-135m --max-new-tokens 64 \
         --prompt "In one sentence, what does a robot need to cross a street safely?" \
         && "$fl" report --out report
     else

@@ -1,7 +1,7 @@
 import pytest
 
 from floorline.errors import FloorlineError
-from floorline.hardware import CATALOGUE, lookup, match_device_name, peak_from_nvml
+from floorline.hardware import CATALOGUE, alias_note, lookup, match_device_name, peak_from_nvml
 
 REQUIRED = ["h100-sxm5", "h100-pcie", "h200", "a100-80gb-sxm4", "a100-40gb", "l40s", "l4", "a10g",
             "rtx-4090", "rtx-6000-ada", "jetson-agx-orin", "b200"]
@@ -60,9 +60,9 @@ def test_unknown_gpu_name():
 
 
 @pytest.mark.parametrize("name, suggested", [
-    # the names it is a whole word of first (h100-pcie, h100-sxm5), then by similarity
-    ("h100", "'h100-pcie', 'h100-sxm5' or 'h200'"),
-    ("A100", "'a100-40gb', 'a100-80gb-sxm4' or 'a10g'"),
+    # the names it is a whole word of first (a100-80gb-sxm4, ...), then by similarity
+    ("80gb", "'a100-80gb-sxm4', 'h100-pcie' or 'h100-sxm5'"),
+    ("A100-80GB", "'a100-80gb-sxm4', 'a100-40gb' or 'a10g'"),
     ("4090", "'rtx-4090'"),
     ("h20", "'h200'"),
 ])
@@ -98,3 +98,20 @@ def test_nvml_handle_is_the_visible_gpus_not_nvmls_index(monkeypatch):
     assert nvml_handle(FakeNVML(), 0) == ("uuid", "GPU-3c1f0e2a-0000-0000-0000-000000000002")
     Props.uuid = None  # a torch too old to report the UUID: NVML's index, as before
     assert nvml_handle(FakeNVML(), 0) == ("index", 0)
+
+
+@pytest.mark.parametrize("name, part", [("h100", "h100-sxm5"), ("A100", "a100-80gb-sxm4")])
+def test_the_studys_names_are_the_parts_it_measured(name, part):
+    assert lookup(name).name == part
+    assert f"the {lookup(part).full_name} ({part}," in alias_note(name)
+    assert alias_note(part) is None and alias_note("h200") is None
+
+
+def test_a_study_name_says_which_part_it_took(cli):
+    for argv in (["floor", "--model", "qwen2.5-7b", "--gpu", "h100", "--ctx", "2048"],
+                 ["predict", "--model", "qwen2.5-7b", "--gpu", "h100", "--ctx", "2048",
+                  "--path", "hf-eager"]):
+        done = cli(*argv, check=True)
+        assert "h100-sxm5" in done.stdout
+        notes = [line for line in done.stderr.splitlines() if line.startswith("note:")]
+        assert notes == [alias_note("h100")], done.stderr

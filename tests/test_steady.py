@@ -79,13 +79,39 @@ def test_a_step_that_never_settles_stops_at_the_cap(clock):
 
 
 def test_a_slow_unsettled_step_stops_at_the_time_cap(clock):
-    # 48 ms steps, 5% slower every window: three windows take under the 5 s cap, the fourth
-    # passes it.
-    c = clock(lambda k: 48.0 * 1.05 ** (k // timing.WINDOW))
-    spent = sum(32 * 48.0 * 1.05 ** w for w in range(3))
-    assert spent < timing.WARMUP_MAX_S * 1e3 < spent + 32 * 48.0 * 1.05 ** 3
+    # 48 ms steps growing 5% every 11 steps (a CPU window: the steps that fill 0.5 s): no two
+    # windows within their noise, and the window that passes 5 s of steps is the last, long
+    # before the cap of 512 steps.
+    duration = lambda k: 48.0 * 1.05 ** (k / 11)  # noqa: E731
+    c = clock(duration)
     t = run_plan(c.step, "cpu", StepPlan(None, 4))
-    assert t.steady is False and t.warmup_steps == 4 * timing.WINDOW
+    spent = sum(duration(k) for k in range(t.warmup_steps))
+    assert t.steady is False and t.warmup_steps < timing.WARMUP_CAP
+    assert timing.WARMUP_MAX_S * 1e3 <= spent < timing.WARMUP_MAX_S * 1e3 + timing.WINDOW * 60
+    assert t.details()["warmup_window_s"] == timing.CPU_WINDOW_S
+
+
+def test_on_the_cpu_windows_agree_within_their_own_noise(clock):
+    """40 ms steps with 8% noise and no trend: their windows' medians differ by more than 1%
+    but within the noise, so the step is steady after a few windows, the tolerance recorded; a
+    GPU's windows are held to 1% whatever their noise."""
+    noise = np.random.default_rng(3).normal(0, 0.08, 1000)
+    c = clock(lambda k: 40.0 * (1 + noise[k]))
+    t = run_plan(c.step, "cpu", StepPlan(None, 16))
+    assert t.steady and t.warmup_steps <= 4 * 13
+    assert timing.TOLERANCE < t.tolerance <= timing.CPU_MAX_TOLERANCE
+    assert t.details()["warmup_tolerance"] == pytest.approx(t.tolerance, abs=1e-5)
+    windows = [list(40.0 * (1 + noise[i:i + 13])) for i in (0, 13)]
+    assert timing.agreement_tolerance(*windows, cpu=False) == timing.TOLERANCE
+    assert timing.agreement_tolerance(*windows, cpu=True) > timing.TOLERANCE
+
+
+def test_on_the_cpu_a_trend_larger_than_the_noise_is_not_steady(clock):
+    # 1% noise, 5% slower every 13 steps (0.5 s of 40 ms): never within the noise
+    noise = np.random.default_rng(4).normal(0, 0.01, 1000)
+    c = clock(lambda k: 40.0 * 1.05 ** (k / 13) * (1 + noise[k]))
+    t = run_plan(c.step, "cpu", StepPlan(None, 4))
+    assert t.steady is False and t.tolerance < 0.05
 
 
 def test_a_fixed_warmup_runs_exactly_that_many(clock):

@@ -82,8 +82,8 @@ def test_the_kernels_verify_as_the_reference_does(split_k, monkeypatch):
                             lambda self, w, out, **flags: GemvConfig(16, 16, split_k=2))
     spec = resolve_model("tiny-llama")
     mine = engine(spec, backend="triton")
-    theirs = Engine(spec, "cpu", 96, dtype=torch.float32, decoder_weights=moved(mine.decoder.w,
-                                                                                "cpu"))
+    theirs = Engine(spec, "cpu", 96, dtype=torch.float32, backend="reference",
+                    decoder_weights=moved(mine.decoder.w, "cpu"))
     for e in (mine, theirs):
         e.prefill(torch.tensor(PROMPT))
     drafts = [5, 6, 7]

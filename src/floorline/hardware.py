@@ -58,6 +58,11 @@ CATALOGUE = (
 )
 
 
+# The study's names for the parts it measured (docs/study.md): a bare "h100" or "a100" is the
+# part whose figures the study and this README quote.
+STUDY_PARTS = {"h100": "h100-sxm5", "a100": "a100-80gb-sxm4"}
+
+
 def catalogue_names() -> list[str]:
     return [d.name for d in CATALOGUE]
 
@@ -87,15 +92,32 @@ def did_you_mean(wanted: str, names: dict[str, str]) -> str:
 
 def lookup(name: str) -> DeviceSpec:
     """A catalogue entry by either name `floorline gpus` prints (h200, NVIDIA H200 SXM 141GB),
-    in any case; an unknown name gets the close ones."""
+    or by the study's name of a part (STUDY_PARTS), in any case; an unknown name gets the close
+    ones."""
     wanted = " ".join(name.lower().split())
     names = {}
     for device_spec in CATALOGUE:
         names[device_spec.name] = names[device_spec.full_name.lower()] = device_spec
+    for alias, part in STUDY_PARTS.items():
+        names[alias] = names[part]
     if wanted in names:
         return names[wanted]
     hint = did_you_mean(wanted, {k: v.name for k, v in names.items()})
     raise FloorlineError(f"unknown GPU '{name}' (known: {', '.join(catalogue_names())}){hint}")
+
+
+def alias_note(name: str) -> str | None:
+    """The one line saying which part a study name (STUDY_PARTS) was taken as; None for any
+    other name."""
+    part = STUDY_PARTS.get(" ".join(name.lower().split()))
+    if part is None:
+        return None
+    others = [d.name for d in CATALOGUE if d.name != part
+              and d.name.startswith(f"{name.lower()}-")]
+    device_spec = lookup(part)
+    return (f"note: '{name}' is taken as the {device_spec.full_name} ({part}, "
+            f"{device_spec.peak_gbps:,g} GB/s), the part the study measured"
+            + (f" (also in the catalogue: {', '.join(others)})" if others else ""))
 
 
 def match_device_name(device_name: str) -> DeviceSpec | None:

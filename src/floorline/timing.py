@@ -15,6 +15,17 @@ WINDOW = 32
 TOLERANCE = 0.01  # relative
 WARMUP_CAP = 512
 WARMUP_MAX_S = 5.0  # also a cap: on a busy CPU the medians may never agree
+# On the CPU a step of tens of ms on a shared host varies by more than 1% from one window of 32
+# to the next even when nothing else runs (the p10-p90 of the CPU demo's cells spans 5-25% of
+# their medians), so two windows there agree where their medians differ by no more than their
+# own noise: twice the standard error of the difference of the two medians, each estimated from
+# its window's interquartile range, at least TOLERANCE and at most CPU_MAX_TOLERANCE. Its windows
+# are sized in time, the steps that fill CPU_WINDOW_S (at least CPU_MIN_WINDOW, at most WINDOW),
+# so that a slow step does not spend the warm-up's 5 s on two windows. On a GPU the rule stays
+# WINDOW steps within TOLERANCE.
+CPU_WINDOW_S = 0.5
+CPU_MIN_WINDOW = 8
+CPU_MAX_TOLERANCE = 0.05
 # Auto steps: at least this many, then about a quarter more at a time, up to the cap.
 FIRST_STEPS = 32
 STEPS_CAP = 2048
@@ -71,6 +82,8 @@ class Timing:
     median_ci_ms: tuple[float, float] | None = None  # auto steps: the interval reached
     width_reached: bool | None = None  # auto steps: whether before the cap
     energy: dict | None = None
+    tolerance: float | None = None  # auto warm-up: its last comparison's (CPU: from the noise)
+    window_s: float | None = None  # auto warm-up on the CPU: its windows' length in time
 
     @property
     def drift(self) -> float | None:
@@ -81,6 +94,10 @@ class Timing:
                "drift": self.drift}
         if self.steady is not None:
             out["steady"] = self.steady
+        if self.tolerance is not None:
+            out["warmup_tolerance"] = round(self.tolerance, 5)
+        if self.window_s is not None:
+            out["warmup_window_s"] = self.window_s
         if self.median_ci_ms is not None:
             out["median_ci_ms"] = list(self.median_ci_ms)
             out["width_reached"] = self.width_reached
@@ -155,19 +172,46 @@ def time_steps(step, device: str, steps: int, warmup: int) -> list[float]:
     return timed_batch(step, device, steps)
 
 
-def warm_up(step, device: str, cap: int) -> tuple[int, bool]:
-    """Steps until the median of a window of WINDOW steps is within TOLERANCE of the window
-    before, or `cap` steps, or the window that passes WARMUP_MAX_S of step time: (steps run,
-    whether steady)."""
-    medians, done, spent_ms = [], 0, 0.0
+def median_error(window: list[float]) -> float:
+    """The standard error of a window's median relative to it, from its interquartile range
+    (a normal's sigma is IQR / 1.349, a median's error 1.2533 sigma / sqrt(n))."""
+    q1, _, q3 = statistics.quantiles(window, n=4)
+    return 1.2533 * (q3 - q1) / 1.349 / len(window) ** 0.5 / statistics.median(window)
+
+
+def agreement_tolerance(window: list[float], before: list[float], cpu: bool) -> float:
+    """How close two windows' medians must be to call the step steady: TOLERANCE on a GPU; on
+    the CPU their own noise (the rule at CPU_WINDOW_S)."""
+    if not cpu:
+        return TOLERANCE
+    noise = 2 * (median_error(window) ** 2 + median_error(before) ** 2) ** 0.5
+    return min(CPU_MAX_TOLERANCE, max(TOLERANCE, noise))
+
+
+def warm_up(step, device: str, cap: int) -> tuple[int, bool, float | None]:
+    """Steps until the median of a window is within its tolerance of the window before
+    (agreement_tolerance: WINDOW steps within TOLERANCE on a GPU; on the CPU windows of
+    CPU_WINDOW_S within their noise), or `cap` steps, or the window that passes WARMUP_MAX_S of
+    step time: (steps run, whether steady, the last comparison's tolerance)."""
+    cpu = not device.startswith("cuda")
+    windows, done, spent_ms, tolerance = [], 0, 0.0, None
     while done < cap and spent_ms < WARMUP_MAX_S * 1e3:
-        n = min(WINDOW, cap - done)
-        window = timed_batch(step, device, n)
-        medians.append(statistics.median(window))
-        done, spent_ms = done + n, spent_ms + sum(window)
-        if len(medians) >= 2 and abs(medians[-1] / medians[-2] - 1) <= TOLERANCE:
-            return done, True
-    return done, False
+        if cpu:
+            window = []
+            while done + len(window) < cap and len(window) < WINDOW and (
+                    len(window) < CPU_MIN_WINDOW or sum(window) < CPU_WINDOW_S * 1e3):
+                window += timed_batch(step, device, 1)
+        else:
+            window = timed_batch(step, device, min(WINDOW, cap - done))
+        windows.append(window)
+        done, spent_ms = done + len(window), spent_ms + sum(window)
+        # (a CPU window cut short by the cap, under 4 steps, has no quartiles to compare)
+        if len(windows) >= 2 and (not cpu or min(len(window), len(windows[-2])) >= 4):
+            tolerance = agreement_tolerance(window, windows[-2], cpu)
+            change = statistics.median(window) / statistics.median(windows[-2]) - 1
+            if abs(change) <= tolerance:
+                return done, True, tolerance
+    return done, False, tolerance
 
 
 def sync(device: str) -> None:
@@ -182,14 +226,17 @@ def run_plan(step, device: str, plan: StepPlan, meter=None, energy_room: int = 0
     """Warm up and time `step` as `plan` says; then, with a `meter`, read its energy over
     windows of more steps (measure/energy.py), within the positions the plan reserved and
     warm-up and timing left unused, and `energy_room` more."""
+    tolerance, window_s = None, None
     if plan.warmup is None:
-        warmup, steady = warm_up(step, device, plan.warmup_cap)
+        warmup, steady, tolerance = warm_up(step, device, plan.warmup_cap)
+        window_s = None if device.startswith("cuda") else CPU_WINDOW_S
     else:
         for _ in range(plan.warmup):
             step()
         warmup, steady = plan.warmup, None
     if plan.steps is not None:
-        timing = Timing(timed_batch(step, device, plan.steps), warmup, steady)
+        timing = Timing(timed_batch(step, device, plan.steps), warmup, steady,
+                        tolerance=tolerance, window_s=window_s)
     else:
         samples = timed_batch(step, device, min(FIRST_STEPS, plan.steps_cap))
         while True:
@@ -199,7 +246,8 @@ def run_plan(step, device: str, plan: StepPlan, meter=None, energy_room: int = 0
                 break
             more = min(max(FIRST_STEPS // 2, len(samples) // 4), plan.steps_cap - len(samples))
             samples += timed_batch(step, device, more)
-        timing = Timing(samples, warmup, steady, (iv.low, iv.high), reached)
+        timing = Timing(samples, warmup, steady, (iv.low, iv.high), reached,
+                        tolerance=tolerance, window_s=window_s)
     if meter:
         room = plan.most_warmup - warmup + plan.most_steps - len(timing.samples_ms) + energy_room
         timing.energy = meter.metered_windows(step, lambda: sync(device),

@@ -176,8 +176,17 @@ def fleet_device(device: str | None, cluster: str) -> str:
     return device or "cuda"
 
 
+def named_gpu(name: str):
+    """The catalogue's GPU of that name, saying on stderr which part a study name stands for."""
+    device_spec = hardware.lookup(name)
+    note = hardware.alias_note(name)
+    if note:
+        err.print(note, highlight=False, markup=False)
+    return device_spec
+
+
 def resolve_gpu(name: str | None, device: str):
-    return hardware.detect(device) if name is None else hardware.lookup(name)
+    return hardware.detect(device) if name is None else named_gpu(name)
 
 
 def resolve_noted(model: str, trust_remote_code: bool = False):

@@ -7,6 +7,7 @@ import sys
 
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -93,12 +94,62 @@ def quality_columns(row: CellRow, q: QualityRow | None) -> list[str]:
     return [RANDOM_WEIGHTS if row.details.get("real_weights") is False else "-", "-"]
 
 
-def status_label(status: str) -> str:
+def status_label(status: str, note: int | None = None) -> str:
     """A cell's status as the table shows it: valid plain, unsteady (figures kept, left out of
-    reports) yellow, anything else red."""
+    reports) yellow, anything else red; with the number of its note below the table."""
+    mark = "" if note is None else f" ({note})"
     if status == VALID:
-        return status
-    return f"[{'yellow' if status == UNSTEADY else 'red'}]{escape(status)}[/]"
+        return status + mark
+    return f"[{'yellow' if status == UNSTEADY else 'red'}]{escape(status + mark)}[/]"
+
+
+class Notes:
+    """Reasons and warnings keyed to table rows: each row with one gets the next number, and
+    the table's caption lists them under it, one paragraph each, never a column of its own."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def add(self, who: str, text: str | None) -> int | None:
+        """The number of `who`'s note `text` (None where there is none)."""
+        if not text:
+            return None
+        self.lines.append(f"({len(self.lines) + 1}) {who}: {text}")
+        return len(self.lines)
+
+
+def caption(table: Table, lines: list[str]) -> None:
+    """Lines under `table`, flush left, whole."""
+    if lines:
+        table.caption = escape("\n".join(lines))
+        table.caption_justify = "left"
+
+
+# Columns a narrow terminal leaves out first, in order (print_table): the rest are a cell's key,
+# status and step time.
+DROPPED_FIRST = ("°C", "SM MHz", "W (limit)", "J/token", "prefill tok/s", "TTFT ms", "drift",
+                 "warm-up", "vs 16-bit: expected / realised (share)", "of measured", "KL",
+                 "GB/s", "run", "fp32 ppl", "reply cap", "dtype", "gpu", "floor ms",
+                 "plain ms/token", "floor ms/token", "same replies", "ppl (95% CI)",
+                 "KL nats/token (95% CI)", "p10-p90 ms", "ppl vs fp32")
+
+
+def print_table(console: Console, table: Table) -> None:
+    """`table` on `console` one line a row: where it is wider than the console, columns of
+    DROPPED_FIRST are left out, in order, until it fits, and its caption names them."""
+    left_out, unbounded = [], console.options.update_width(10_000)
+    for name in DROPPED_FIRST:
+        if Measurement.get(console, unbounded, table).maximum <= console.width:
+            break
+        at = next((i for i, c in enumerate(table.columns) if c.header == name), None)
+        if at is not None:
+            left_out.append(table.columns.pop(at).header)
+    if left_out:
+        note = (f"left out at {console.width} columns: {', '.join(left_out)} (a wider "
+                "terminal, or `floorline show --json`, shows them)")
+        table.caption = f"{table.caption}\n{escape(note)}" if table.caption else escape(note)
+        table.caption_justify = "left"
+    console.print(table)
 
 
 MEASURED_MARK = "*"
@@ -149,21 +200,19 @@ def cells_table(rows: list[CellRow], title: str, probes: dict[str, dict],
         columns += ["J/token", "W (limit)", "SM MHz", "°C"]
     if not random_only:
         columns += ["ppl vs fp32", "KL"]
-    table = Table(*(["run"] if with_runs else []), *columns, "reason", title=escape(title))
+    table = Table(*(["run"] if with_runs else []), *columns, title=escape(title))
     notes = sorted({r.details["energy_note"] for r in rows if "energy_note" in r.details})
     notes += sorted({f"{r.model} ctx {r.ctx} {r.path}: not valid, {problem}" for r in rows
                      if "energy" in r.details and (problem := energy_problem(r.details["energy"]))})
-    captions = (["energy per token: " + "; ".join(notes)] if notes else []) + (
-        [f"quality: {RANDOM_WEIGHTS}"] if random_only else []) + measured_floor_note(rows)
-    if captions:
-        table.caption = escape("\n".join(captions))
+    keyed = Notes()
     pct = lambda v: "-" if v is None else percent(v)  # noqa: E731
     for r in rows:
         spread = f"{r.p10_ms:.2f}-{r.p90_ms:.2f}" if r.p10_ms is not None else "-"
+        note = keyed.add(f"{model_label(r.model)} ctx {r.ctx} {r.path}", r.reason)
         table.add_row(
             *([num(r.run_id, "d")] if with_runs else []),
             escape(model_label(r.model)), str(r.ctx), escape(r.path), escape(r.gpu),
-            status_label(r.status),
+            status_label(r.status, note),
             num(r.median_ms, ".2f"), spread, num(r.floor_ms, ".3f") + measured_mark(r),
             pct(r.fraction_of_floor), pct(r.fraction_of_measured(probes)),
             num(r.achieved_gbps, ".0f" if (r.achieved_gbps or 0) >= 100 else ".2f"),
@@ -173,8 +222,9 @@ def cells_table(rows: list[CellRow], title: str, probes: dict[str, dict],
             *(warmup_columns(r.details) if warmed else []),
             *(energy_columns(r.details.get("energy")) if energy else []),
             *(map(escape, quality_columns(r, quality.get(r.id))) if not random_only else []),
-            escape(r.reason or ""),
         )
+    caption(table, keyed.lines + (["energy per token: " + "; ".join(notes)] if notes else [])
+            + ([f"quality: {RANDOM_WEIGHTS}"] if random_only else []) + measured_floor_note(rows))
     return table
 
 
@@ -218,13 +268,15 @@ def quality_table(rows: list[QualityRow], title: str) -> Table:
     their 95% intervals over windows, and greedy agreement; or why one has none."""
     table = Table("model", "path", "gpu", "status", "ppl (95% CI)", "fp32 ppl",
                   "vs fp32 (95% CI)", "KL nats/token (95% CI)", "greedy, 32 new tokens",
-                  "reason", title=escape(title))
+                  title=escape(title))
+    keyed = Notes()
     for q in rows:
         f = describe_quality(q)
         table.add_row(escape(model_label(q.model)), escape(q.path), escape(q.gpu),
-                      q.status if q.status == "valid" else f"[red]{escape(q.status)}[/red]",
-                      f["ppl"], f["reference_ppl"], f["vs_fp32"], f["kl"], escape(f["greedy"]),
-                      escape(q.reason or ""))
+                      status_label(q.status, keyed.add(f"{model_label(q.model)} {q.path}",
+                                                       q.reason)),
+                      f["ppl"], f["reference_ppl"], f["vs_fp32"], f["kl"], escape(f["greedy"]))
+    caption(table, keyed.lines)
     return table
 
 
@@ -234,15 +286,17 @@ def speculation_table(rows: list[SpeculationRow], title: str) -> Table:
     the same token for token; or why a row has none."""
     table = Table("model", "path", "drafter", "k", "dtype", "workload", "reply cap", "gpu",
                   "status", "kept", "tokens/step", "ms/token", "plain ms/token", "speedup",
-                  "floor ms/token", "same replies", "reason", title=escape(title))
+                  "floor ms/token", "same replies", title=escape(title))
+    keyed = Notes()
     for r in rows:
         valid = r.status == VALID
+        note = keyed.add(f"{model_label(r.model)} {r.path} {r.drafter} {r.workload}", r.reason)
         table.add_row(escape(model_label(r.model)), escape(r.path), escape(r.drafter),
                       str(r.draft_tokens), r.dtype, escape(r.workload), str(r.max_new_tokens),
-                      escape(r.gpu),
-                      r.status if valid else f"[red]{escape(r.status)}[/red]",
+                      escape(r.gpu), status_label(r.status, note),
                       num(r.acceptance, ".0%"), num(r.tokens_per_step, ".2f"),
                       num(r.ms_per_token, ".3f"), num(r.plain_ms_per_token, ".3f"),
                       num(r.speedup, ".2f"), num(r.floor_ms_per_token, ".3f"),
-                      f"{r.identical}/{r.prompts}" if valid else "-", escape(r.reason or ""))
+                      f"{r.identical}/{r.prompts}" if valid else "-")
+    caption(table, keyed.lines)
     return table

@@ -24,8 +24,8 @@ own, interleaved with global ones. A sliding-window layer keeps a full-length ca
 layer does, and reads only the window's last positions of it. Gemma's RMSNorm weights act as
 (1 + w): the 1 is added at load, in fp32 (floorline.engine.weights).
 
-`ops` is the kernels (floorline.engine.ops.TritonOps) or their PyTorch references
-(ReferenceOps, the CPU path); both take the same buffers. W is 16-bit, int4 or fp8
+`ops` is the kernels (floorline.engine.ops.TritonOps), their PyTorch references (ReferenceOps)
+or the CPU's step (floorline.engine.cpu.CpuOps); all take the same buffers. W is 16-bit, int4 or fp8
 (floorline.engine.quant); the kernels read it as stored. The layer above is written once
 (Decoder._forward), over the stages of a pass: the decode step's and verify's, which are the ops
 (_Step), or a prefill chunk's (_Chunk): PyTorch on the same weights, chunk by chunk (bounded

@@ -14,7 +14,8 @@ from floorline.engine.tuning import GemvTuner
 
 
 class ReferenceOps:
-    """Plain PyTorch: the CPU path, and what every kernel is tested against.
+    """Plain PyTorch: what every kernel is tested against (the CPU's own step, built for speed,
+    is floorline.engine.cpu's CpuOps).
 
     The reference product runs in fp32 on W dequantised; each matrix's fp32 form is made once
     and kept (the values are those dequantise() gives every step), so that a CPU step does not

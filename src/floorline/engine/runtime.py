@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from floorline import graphs
+from floorline.engine.cpu import CpuOps
 from floorline.engine.kernels.attention import build_problem as attention_build_problem
 from floorline.engine.kvcache import check_format
 from floorline.engine.model import (
@@ -22,12 +23,16 @@ from floorline.engine.weights import int4_group, load_checkpoint, random_weights
 from floorline.errors import FloorlineError
 from floorline.models.zoo import quantisation_config
 
+BACKENDS = {"triton": TritonOps, "cpu": CpuOps, "reference": ReferenceOps}
+
 
 class Engine:
     """One batch-1 stream of `model` (a floorline ModelSpec) on `device`.
 
-    backend: "triton" (the kernels; the default on CUDA) or "reference" (PyTorch; the default on
-    the CPU). On CUDA, capture() records one step in a CUDA graph and step() replays it.
+    backend: "triton" (the kernels; the default on CUDA), "cpu" (the CPU's fast step,
+    floorline.engine.cpu; the default elsewhere) or "reference" (the PyTorch references the
+    kernels are tested against). On CUDA, capture() records one step in a CUDA graph and step()
+    replays it.
     weights: the decoder linears' format, "bf16" (the 16-bit `dtype`), "int4" or "fp8"; None
     runs a checkpoint in its own format (16-bit for random weights). group_size: int4's group
     along K, 128, 64 or 32; None takes a packed checkpoint's own, or else the largest that
@@ -58,16 +63,17 @@ class Engine:
             except ValueError as e:
                 raise EngineUnsupported(str(e)) from None
         self.device = torch.device(device)
-        backend = backend or ("triton" if self.device.type == "cuda" else "reference")
-        if backend not in ("triton", "reference"):
-            raise FloorlineError(f"engine backend must be 'triton' or 'reference', not '{backend}'")
+        backend = backend or ("triton" if self.device.type == "cuda" else "cpu")
+        if backend not in BACKENDS:
+            raise FloorlineError(f"engine backend must be one of {', '.join(BACKENDS)}, not "
+                                 f"'{backend}'")
         if backend == "triton":  # refused here, not by the compiler at the first step
             problem = attention_build_problem(self.config.head_dim, kv, dtype,
                                               attention_block_t(self.config.head_dim, kv))
             if problem:
                 raise EngineUnsupported(problem)
         ops = (TritonOps(self.device, precise=dtype == torch.float32) if backend == "triton"
-               else ReferenceOps())
+               else BACKENDS[backend]())
         formats = dict(head=head, group_size=group_size)
         if decoder_weights is None and model_spec.has_real_weights:
             decoder_weights = load_checkpoint(model_spec.weights_dir, self.config, self.device,

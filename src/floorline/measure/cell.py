@@ -9,7 +9,7 @@ from floorline.errors import FloorlineError, exception_line, out_of_memory
 from floorline.hardware import DeviceSpec
 from floorline.measure.energy import NO_READING, POSITIONS_CAP, open_meter, positions_wanted
 from floorline.measure.fingerprint import clocks
-from floorline.measure.host import host_load, host_warning
+from floorline.measure.host import cpu_use, host_load, host_warning, others_share, spare_share
 from floorline.measure.reduction import reference_path
 from floorline.measure.steadiness import unsteady_reason
 from floorline.models import resolve_model
@@ -163,7 +163,11 @@ def measure_prepared(cell: CellResult, run: CellRun, model_spec, device: str,
             session.prefill(prompt)
             cell.details.update(session.prefill_details())
             meter, note = open_meter(device)
+            use = None if device.startswith("cuda") else cpu_use()
             timing = run_plan(session.step, device, budget.plan, meter, budget.energy)
+            if use is not None:
+                cell.details.update(others_cpu=others_share(use, cpu_use()),
+                                    spare_cpu=spare_share(torch.get_num_threads()))
             cell.details["clocks_after_timing"] = clocks(device)
             record_load(cell, device, load_start)
         cell.samples_ms = timing.samples_ms

@@ -26,6 +26,42 @@ MAX_STEAL = 0.05
 PROC_STAT = "/proc/stat"
 
 
+def cpu_use() -> dict | None:
+    """The host's CPU ticks (cpu_ticks) and this process's own CPU seconds, all its threads',
+    now; None where the ticks cannot be read."""
+    ticks = cpu_ticks()
+    if ticks is None:
+        return None
+    own = os.times()
+    return {**ticks, "own_s": own.user + own.system}
+
+
+# Fewer ticks between two reads than this (half a second of one CPU at Linux's 100 a second)
+# say nothing of a share: a tick is counted whole.
+MIN_TICKS = 50
+
+
+def others_share(start: dict | None, end: dict | None) -> float | None:
+    """The share of the host's CPU time between two cpu_use() reads that other processes took:
+    the busy time less this process's own; None where either read is missing or they are
+    under MIN_TICKS apart."""
+    if not start or not end:
+        return None
+    total = end["total"] - start["total"]
+    if total < MIN_TICKS:
+        return None
+    busy = total - (end["idle"] - start["idle"]) - (end["steal"] - start["steal"])
+    own = (end["own_s"] - start["own_s"]) * os.sysconf("SC_CLK_TCK")
+    return round(min(1.0, max(0.0, (busy - own) / total)), 4)
+
+
+def spare_share(threads: int) -> float:
+    """The share of the host's CPU time that a process of `threads` busy threads leaves free:
+    what others may take without taking its cores."""
+    cpus = os.cpu_count() or 1
+    return round(max(0, cpus - threads) / cpus, 4)
+
+
 def cpu_ticks() -> dict | None:
     """/proc/stat's aggregate CPU line as total, idle (idle + iowait) and steal ticks; None
     where there is no such file (not Linux) or it cannot be read."""

@@ -14,7 +14,7 @@ both bounds flag.
 
 from __future__ import annotations
 
-from floorline.timing import TOLERANCE, WINDOW
+from floorline.timing import CPU_MAX_TOLERANCE, TOLERANCE, WINDOW
 
 # Drift: the median of the last quarter of the timed steps over that of the first
 # (timing.drift). A step 25% slower by the end of its timing than at its start, or 20% faster,
@@ -33,6 +33,13 @@ MIN_STEPS = 32
 # two windows (StepPlan.within, near the model's limit): one comparison, of a cold window with
 # the next, which three ctx 131072 engine cells in this repository's history failed before
 # timing with drift within 1.2% and spread under 3%. There the drift and spread bounds decide.
+
+# On the CPU: other processes' share of the host's CPU time while the cell's steps ran (warm-up
+# and timing; details["others_cpu"], measure/host.py), beyond the share the cell's threads left
+# free (details["spare_cpu"]: none where it runs a thread per core). Above this the steps
+# shared their cores with others. On an idle 2-core host others took 0-2% (background daemons);
+# a busy-loop on each core, or a test suite beside the sweep, takes 30-50%.
+MAX_OTHERS = 0.10
 
 AGAIN = ("Measure it again on an idle host: the next `floorline sweep` measures it again "
          "(`--force` would re-measure the valid cells too)")
@@ -68,9 +75,12 @@ def unsteady_reason(details: dict, summary: dict | None) -> str | None:
     if details.get("steady") is False and not (cap is not None and cap <= 2 * WINDOW):
         limit = (f" ({cap} steps or {details['warmup_rule'].get('cap_s'):g} s)"
                  if cap is not None and details["warmup_rule"].get("cap_s") else "")
+        window_s = details.get("warmup_window_s")
+        agreeing = (f"no two windows of {window_s:g} s agreeing within their own noise (at "
+                    f"least {TOLERANCE:.0%}, at most {CPU_MAX_TOLERANCE:.0%})" if window_s
+                    else f"no two windows of {WINDOW} steps agreeing within {TOLERANCE:.0%}")
         failed.append(f"the automatic warm-up stopped at its cap{limit} after "
-                      f"{details.get('warmup_steps')} steps, no two windows of {WINDOW} steps "
-                      f"agreeing within {TOLERANCE:.0%}")
+                      f"{details.get('warmup_steps')} steps, {agreeing}")
         longer_warmup = True
     n = (summary or {}).get("n") or details.get("timed_steps") or 0
     d = details.get("drift") if n >= MIN_STEPS else None
@@ -83,6 +93,12 @@ def unsteady_reason(details: dict, summary: dict | None) -> str | None:
         failed.append(f"its p10-p90 {summary['p10_ms']:.3g}-{summary['p90_ms']:.3g} ms spans "
                       f"{s:.0%} of its median {summary['median_ms']:.3g} ms (bound "
                       f"{MAX_SPREAD:.0%})")
+    others, spare = details.get("others_cpu"), details.get("spare_cpu") or 0.0
+    if others is not None and n >= MIN_STEPS and others > spare + MAX_OTHERS:
+        bound = (f"{spare + MAX_OTHERS:.0%}: the {spare:.0%} its threads left free and "
+                 f"{MAX_OTHERS:.0%}" if spare else f"{MAX_OTHERS:.0%}")
+        failed.append(f"other processes took {others:.0%} of the host's CPU time while its "
+                      f"steps ran (bound {bound})")
     if not failed:
         return None
     warmup = (f", or with a fixed, longer warm-up (`--warmup N`, N above "

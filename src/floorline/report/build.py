@@ -161,6 +161,17 @@ def _table(header: list[str], rows: list[list], percent: tuple[str, ...] = ()) -
     return h, m
 
 
+def _reasons_below(header: list[str], rows: list[list]) -> tuple[list[list], list[str] | None]:
+    """A table whose last column is "reason" (its first the row's id, its status a column):
+    the rows without it, and the reasons as notes keyed by id and status, to print below the
+    table (None where the table has no such column)."""
+    if header[-1] != "reason":
+        return rows, None
+    status = header.index("status")
+    notes = [f"{header[0]} {r[0]} ({r[status]}): {r[-1]}" for r in rows if r[-1]]
+    return [r[:-1] for r in rows], notes
+
+
 def _quality_row(q) -> list:
     """A row of the quality table: the measurement's key, figures as text, reason."""
     f = describe_quality(q)
@@ -280,8 +291,13 @@ def build_report(db: Path, out: Path) -> dict:
                      [[k, *(f.get(x) for x in env_fields)] for k, f in fingerprints.items()]))
     empty = empty_tables()
     for name, header, rows in sections:
+        rows, notes = _reasons_below(header, rows)
+        header = header[:-1] if notes is not None else header
         h, m = _table(header, rows,
                       percent=("of floor", "kept", "study of floor", "of floor here"))
+        if notes:
+            h += "<ul>" + "".join(f"<li>{prose_html(n)}</li>" for n in notes) + "</ul>"
+            m += "\n\n" + "\n".join(f"- {md(n)}" for n in notes)
         if name == "Quality against float32" and rows:
             h, m = f"<p>{prose_html(QUALITY_NOTE)}</p>{h}", f"{QUALITY_NOTE}\n\n{m}"
         if name in BESIDE_NOTES:

@@ -25,12 +25,12 @@ from floorline.cli.options import (
     WARMUP_OPTION,
     check_device,
     fleet_device,
+    named_gpu,
     one_context,
     parse_count,
     parse_timeout,
 )
 from floorline.cli.render import err, num, out, progress_bar
-from floorline.hardware import lookup
 from floorline.measure.runner import warm_worker
 from floorline.models import resolve_model
 from floorline.paths import parse_path
@@ -71,7 +71,7 @@ def ab(
     timeout_s = parse_timeout(timeout)
     # names refused before torch loads (check_device)
     arms, context = (parse_path(a).name, parse_path(b).name), one_context(ctx, "ab")
-    named_gpu = None if gpu is None else lookup(gpu)
+    gpu_spec = None if gpu is None else named_gpu(gpu)
     resolve_model(model, trust_remote_code)
     device = check_device(device) if cluster is None else fleet_device(device, cluster)
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
@@ -82,9 +82,9 @@ def ab(
     with contextlib.ExitStack() as stack:
         if cluster is None:
             stack.enter_context(warm_worker(device))
-            bench = here(plan, named_gpu)
+            bench = here(plan, gpu_spec)
         else:  # the GPU, environment and paths are the workers'
-            bench = fleet.ab_bench(stack.enter_context(fleet.Fleet(cluster)), plan, named_gpu)
+            bench = fleet.ab_bench(stack.enter_context(fleet.Fleet(cluster)), plan, gpu_spec)
         plan, recording = bench.plan, Recording(bench, db, {"cluster": cluster}, label)
         design = ("paired (ABBA blocks in each session)" if plan.paired
                   else "unpaired (one process per arm)")

@@ -17,12 +17,13 @@ from floorline.cli.options import (
     TRUST_OPTION,
     check_device,
     default_device,
+    named_gpu,
     parse_contexts,
     resolve_noted,
 )
 from floorline.cli.render import err, out, progress_bar
 from floorline.errors import FloorlineError
-from floorline.hardware import CATALOGUE, lookup
+from floorline.hardware import CATALOGUE
 from floorline.measure.cell import check_floor
 from floorline.measure.sweep import STUDY_CONTEXTS
 from floorline.models import fetch, model_label, resolve_model, shipped_models
@@ -105,6 +106,9 @@ def gpus() -> None:
         table.add_row(g.name, g.full_name, f"{g.peak_gbps:g}", f"{g.memory_gb:g}", str(g.sms),
                       g.source)
     out.print(table)
+    out.print("The study's names: " + ", ".join(f"{alias} is {part}" for alias, part
+                                                in hardware.STUDY_PARTS.items()) + ".",
+              highlight=False)
 
 
 def formats() -> None:
@@ -150,11 +154,11 @@ def floor_cmd(
 ) -> None:
     """Bytes one decode step must move and the floor they set: analytic, no GPU needed."""
     contexts = parse_contexts(ctx) or STUDY_CONTEXTS
-    named_gpu = None if gpu is None else lookup(gpu)  # refused before a config is read
+    gpu_spec = None if gpu is None else named_gpu(gpu)  # refused before a config is read
     model_spec = resolve_noted(model, trust_remote_code)
-    if named_gpu is None and default_device() == "cpu":
+    if gpu_spec is None and default_device() == "cpu":
         raise FloorlineError("no GPU here to detect: pass --gpu (see `floorline gpus`)")
-    device_spec = named_gpu or hardware.detect("cuda")
+    device_spec = gpu_spec or hardware.detect("cuda")
     floors = [check_floor(floor(model_spec, device_spec, c, weight_format, kv_dtype))
               for c in contexts]
     limit = model_spec.max_context

@@ -12,9 +12,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from floorline import hardware
-from floorline.cli.options import DB_OPTION, one_context, resolve_noted
-from floorline.cli.render import cells_table, err, out, runs_table, speculation_table
+from floorline.cli.options import DB_OPTION, named_gpu, one_context, resolve_noted
+from floorline.cli.render import cells_table, err, out, print_table, runs_table, speculation_table
 from floorline.errors import FloorlineError
 from floorline.measure.reduction import reductions
 from floorline.paths import parse_path
@@ -58,7 +57,7 @@ def predict_cmd(
     if replace and db is None:
         raise FloorlineError("--replace needs --db: the database to fit from instead")
     # as the cells name them; the names checked before a model's config is read
-    gpu, path = hardware.lookup(gpu).name, parse_path(path).name
+    gpu, path = named_gpu(gpu).name, parse_path(path).name
     model = resolve_noted(model).name
     f = forecast(fitted_from(db, replace), model, gpu, one_context(ctx, "predict"), path)
     if as_json:
@@ -97,7 +96,7 @@ def show(
     measurements too (--json and --csv print the cells)."""
     store = Store(db, read_only=True)
     if runs and not (as_json or as_csv):
-        out.print(runs_table(store.runs(), str(db)))
+        print_table(out, runs_table(store.runs(), str(db)))
     rows = store.rows(latest=not history, skip_damaged=True)
     quality = quality_by_cell(rows, store.quality_rows(skip_damaged=True))
     if as_json:
@@ -113,12 +112,12 @@ def show(
                              for k, v in r.as_dict().items()})
     else:
         if rows:
-            out.print(cells_table(rows, str(db), store.probes(), quality, with_runs=runs))
+            print_table(out, cells_table(rows, str(db), store.probes(), quality, with_runs=runs))
         else:
             out.print(f"no cells in {db}", highlight=False, markup=False)
         speculation = store.speculation_rows(latest=not history, skip_damaged=True)
         if speculation:
-            out.print(speculation_table(speculation, f"{db}: speculative decoding"))
+            print_table(out, speculation_table(speculation, f"{db}: speculative decoding"))
     if store.damaged:
         more = "; ..." if len(store.damaged) > 3 else ""
         raise FloorlineError(f"{db}: {len(store.damaged)} damaged row(s) left out ("

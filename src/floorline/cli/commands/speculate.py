@@ -25,7 +25,7 @@ from floorline.cli.options import (
     resolve_gpu,
     split_list,
 )
-from floorline.cli.render import out, progress_bar, speculation_table
+from floorline.cli.render import out, print_table, progress_bar, speculation_table
 from floorline.errors import FloorlineError
 from floorline.measure.runner import warm_worker
 from floorline.measure.speculation import LOOKUP, drafter_source, speculation_key
@@ -91,6 +91,6 @@ def speculate_cmd(
                                      f"{key.workload}")),
             lambda key, result: progress.advance(task))
     runner.store.end_run()
-    out.print(speculation_table(runner.speculations(keys),
-                                f"{db}: {measured} measured, {len(keys) - measured} already "
-                                f"valid (skipped)"))
+    print_table(out, speculation_table(runner.speculations(keys),
+                                       f"{db}: {measured} measured, {len(keys) - measured} "
+                                       f"already valid (skipped)"))

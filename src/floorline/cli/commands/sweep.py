@@ -23,6 +23,7 @@ from floorline.cli.options import (
     WARMUP_OPTION,
     check_device,
     fleet_device,
+    named_gpu,
     parse_contexts,
     parse_count,
     parse_rel_width,
@@ -36,10 +37,10 @@ from floorline.cli.render import (
     fleet_progress,
     out,
     print_cell_notes,
+    print_table,
     progress_bar,
     quality_table,
 )
-from floorline.hardware import lookup
 from floorline.measure.quality import (
     SWEEP_TOKENS,
     TOKENS,
@@ -114,7 +115,7 @@ def sweep(
         if quality_keys:
             err.print("quality is not measured with --cluster: `floorline quality` measures it "
                       "on one machine", highlight=False, markup=False)
-        return fleet_sweep(keys, db, cluster, device, gpu and lookup(gpu), force, seed,
+        return fleet_sweep(keys, db, cluster, device, gpu and named_gpu(gpu), force, seed,
                            trust_remote_code, timeout_s, options, label)
     device_spec = resolve_gpu(gpu, device)
     runner = Sweep(Store(db), device, device_spec, force=force, seed=seed,
@@ -155,8 +156,8 @@ def sweep(
         title += (f"; quality of {len(quality_keys)} model and path pair(s): "
                   f"{measured_quality} measured, {len(quality_keys) - measured_quality} already "
                   "valid")
-    out.print(cells_table(rows, title, runner.store.probes(),
-                          quality_by_cell(rows, runner.qualities())))
+    print_table(out, cells_table(rows, title, runner.store.probes(),
+                                 quality_by_cell(rows, runner.qualities())))
 
 
 def fleet_sweep(keys, db: Path, cluster: str, device: str, gpu, force: bool, seed: int,
@@ -195,9 +196,10 @@ def fleet_sweep(keys, db: Path, cluster: str, device: str, gpu, force: bool, see
                                     trust_remote_code=trust_remote_code, timeout_s=timeout_s,
                                     on_start=on_start, on_done=on_done)
         store.end_run()
-    out.print(cells_table(stored_cells(store, keys, env_keys),
-                          f"{store.path}: {len(todo)} measured, {len(keys) - len(todo)} "
-                          f"already valid (skipped), on {len(done)} worker(s)", store.probes()))
+    print_table(out, cells_table(stored_cells(store, keys, env_keys),
+                                 f"{store.path}: {len(todo)} measured, {len(keys) - len(todo)} "
+                                 f"already valid (skipped), on {len(done)} worker(s)",
+                                 store.probes()))
 
 
 @interruptible("every finished quality measurement is in the database")
@@ -246,6 +248,6 @@ def quality_cmd(
                 f"{model_label(key.model)} {key.path}")),
             lambda key, result: progress.advance(task))
     runner.store.end_run()
-    out.print(quality_table(runner.qualities(keys),
-                            f"{db}: {measured} measured, {len(keys) - measured} already valid "
-                            f"(skipped); {tokens} tokens in windows of {window}"))
+    print_table(out, quality_table(runner.qualities(keys),
+                                   f"{db}: {measured} measured, {len(keys) - measured} already "
+                                   f"valid (skipped); {tokens} tokens in windows of {window}"))

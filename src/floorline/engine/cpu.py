@@ -1,0 +1,126 @@
+"""The engine's step on the CPU, built for speed: the default there (floorline.engine.runtime).
+
+The reference (floorline.engine.ops.ReferenceOps) stays what the kernels are tested against: fp32
+products from an fp32 copy of every matrix, and attention over the whole cache's capacity. This
+step reads each 16-bit matrix as it is stored, once a step, and attends over the live positions
+only. Measured on 2 cores of an AMD EPYC with AVX-512 BF16 (torch 2.13.0, SmolLM2-135M's shapes,
+the 30 layers' matrices and the head read in turn so that none stays in cache; one run of
+`bench/cpu_engine.py`): a one-row bf16 product took 11.07 ms over them through ATen's own GEMV,
+against 20.38 ms through oneDNN, PyTorch's default for bf16, and 15.70 ms with oneDNN's packed
+weights (an extra copy of every matrix); the fp32 reference's products took 44.63 ms. int8
+products (`torch._weight_int8pack_mm`) took 10.07 ms, on half the bytes: another format, with
+a floor of its own, not this step's. So up to ATEN_ROWS rows run with oneDNN switched off around
+the product; more rows (a verify step) keep oneDNN, whose GEMM is faster from 4 rows (22.44 ms
+against 28.25 at 4 rows, 31.02 against 113.99 at 16; at 2, 20.53 against 15.12).
+
+x is normalised in fp32, rounded to the weights' dtype and multiplied with fp32 accumulation;
+the product's output is rounded to that dtype before it joins the fp32 residual stream (as
+transformers' bf16 model rounds it). An fp32 output (the logits) keeps that rounding only in its
+tail: its REFINED largest entries are computed again from the fp32 x, as the reference computes
+them, so that the token chosen is the reference's wherever its logit leads the rest by more
+than the rounding. On SmolLM2-135M in bf16, greedy tokens agreed with float32's for 474 of 22
+prompts x 32 tokens (summed up to each prompt's first difference) with every logit rounded,
+606 with the leaders recomputed, against 624 for the reference's bf16 step and 557 for
+transformers' bf16 model. A quantised matrix (int4, fp8) has no faster product here: it is
+multiplied as the reference multiplies it, from its fp32 form made once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.backends.mkldnn as onednn
+import torch.nn.functional as F
+
+from floorline.engine.kvcache import FP8, dequantise, quantise
+from floorline.engine.ops import ReferenceOps
+
+REFINED = 16  # an fp32 output's leading entries, computed again in fp32 (module docstring)
+ATEN_ROWS = 2  # 16-bit products of up to this many rows through ATen's GEMV (module docstring)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x W^T in W's dtype: up to ATEN_ROWS 16-bit rows through ATen's GEMV (oneDNN off around
+    it), anything else as PyTorch chooses."""
+    if (x.dim() > 1 and x.shape[0] > ATEN_ROWS) or w.dtype == torch.float32:
+        return F.linear(x, w)
+    enabled = onednn.enabled
+    onednn.enabled = False
+    try:
+        return F.linear(x, w)
+    finally:
+        onednn.enabled = enabled
+
+
+class CpuOps(ReferenceOps):
+    """The CPU's fast step: the reference's embedding, norms and argmax, its own products and
+    attention (module docstring)."""
+
+    name = "cpu"
+
+    def gemv(self, x, w, out, *, norm=None, eps: float = 0.0, up=None, bias=None,
+             accumulate: bool = False, act: str = "silu") -> None:
+        if not isinstance(w, torch.Tensor):
+            super().gemv(x, w, out, norm=norm, eps=eps, up=up, bias=bias,
+                         accumulate=accumulate, act=act)
+            return
+        xf = x.float()
+        if norm is not None:
+            xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * norm
+        xw = xf.to(w.dtype)
+        y = linear(xw, w)
+        if up is not None:
+            gate = F.silu(y) if act == "silu" else F.gelu(y, approximate="tanh")
+            y = gate.mul_(linear(xw, up))
+        if bias is not None:
+            y = y + bias
+        if accumulate:
+            out.add_(y)
+            return
+        out.copy_(y)
+        if out.dtype == torch.float32 and w.dtype != torch.float32 and up is None:
+            top = out.topk(min(REFINED, out.shape[-1]), dim=-1).indices
+            exact = (w[top].float() @ xf.unsqueeze(-1)).squeeze(-1)
+            out.scatter_(-1, top, exact if bias is None else exact + bias[top].float())
+
+    @staticmethod
+    def attention(qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,
+                  window: int | None, scratch=None, block_t: int = 64, scales=None,
+                  q_norm=None, k_norm=None, eps: float = 0.0, rotary: int | None = None) -> None:
+        """The reference's contract (floorline.engine.kernels.attention), over the live span
+        only: the position is read on the host, which a CPU step can afford."""
+        fp8 = k_cache.dtype == FP8
+        n_kv_heads, head_dim = k_cache.shape[0], k_cache.shape[-1]
+        n_heads = out.numel() // head_dim
+        p = int(pos)
+        rotated = (n_heads + n_kv_heads) * head_dim
+        x = qkv[:rotated].view(-1, head_dim).float()
+        if q_norm is not None:
+            weight = torch.cat([q_norm.float().expand(n_heads, -1),
+                                k_norm.float().expand(n_kv_heads, -1)])
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+        turned = rotary or head_dim
+        c, s = cos[p], sin[p]
+        x1, x2 = x[:, :turned].chunk(2, dim=-1)
+        # rounded to the activations' dtype, as the kernel and the reference round q and k
+        r = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, x[:, turned:]], dim=-1).to(qkv.dtype)
+        k_new, v_new = r[n_heads:], qkv[rotated:].view(n_kv_heads, head_dim)
+        lo = 0 if window is None else max(0, p + 1 - window)
+        if fp8:  # V transposed: its tokens are the last dimension (floorline.engine.kvcache)
+            for x_new, cache, cache_scale in ((k_new, k_cache, scales[0]),
+                                              (v_new, v_cache.transpose(1, 2), scales[1])):
+                values, x_scale = quantise(x_new)
+                cache[:, p] = values
+                cache_scale[:, p] = x_scale
+            keys = dequantise(k_cache[:, lo:p + 1], scales[0][:, lo:p + 1], torch.float32)
+            values = dequantise(v_cache[:, :, lo:p + 1].transpose(1, 2), scales[1][:, lo:p + 1],
+                                torch.float32)
+        else:
+            k_cache[:, p] = k_new
+            v_cache[:, p] = v_new
+            keys, values = k_cache[:, lo:p + 1], v_cache[:, lo:p + 1]
+        # A 16-bit cache as it is stored, no copy (an fp8 one dequantised to fp32, as the
+        # reference reads it): each kv head's group of queries over the live positions in one
+        # fused kernel (PyTorch's CPU flash attention, which sums in fp32).
+        q = r[:n_heads].view(1, n_kv_heads, -1, head_dim).to(keys.dtype)
+        o = F.scaled_dot_product_attention(q, keys[None], values[None], scale=scale)
+        out.copy_(o.view(-1))
