@@ -110,7 +110,7 @@ def test_the_studys_names_are_the_parts_it_measured(name, part):
 def test_a_study_name_says_which_part_it_took(cli):
     for argv in (["floor", "--model", "qwen2.5-7b", "--gpu", "h100", "--ctx", "2048"],
                  ["predict", "--model", "qwen2.5-7b", "--gpu", "h100", "--ctx", "2048",
-                  "--path", "hf-eager"]):
+                  "--path", "engine"]):
         done = cli(*argv, check=True)
         assert "h100-sxm5" in done.stdout
         notes = [line for line in done.stderr.splitlines() if line.startswith("note:")]
