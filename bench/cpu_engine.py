@@ -19,11 +19,10 @@ import statistics
 import time
 
 import torch
-import torch.backends.mkldnn as onednn
 import torch.nn.functional as F
 
 from floorline.engine import Engine
-from floorline.engine.cpu import linear
+from floorline.engine.cpu import aten_linear, linear
 from floorline.models import resolve_model
 from floorline.paths import open_session, parse_path
 from floorline.paths.engine import EngineSession
@@ -58,20 +57,12 @@ def products(config, runs: int) -> None:
             product(xs[h], hw)
         return run
 
-    def off(xr, w):
-        enabled = onednn.enabled
-        onednn.enabled = False
-        try:
-            return F.linear(xr, w)
-        finally:
-            onednn.enabled = enabled
-
     def packed(xr, w):
         return torch.ops.mkldnn._linear_pointwise(xr, w, None, "none", [], "")
 
     rows = {
         "bf16, PyTorch's default (oneDNN)": every(F.linear, mats, head, x),
-        "bf16, ATen's GEMV (oneDNN off; the engine's)": every(off, mats, head, x),
+        "bf16, ATen's GEMV (oneDNN off; the engine's)": every(aten_linear, mats, head, x),
         "bf16, oneDNN packed weights": every(
             packed, [[torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in layer]
                      for layer in mats],
@@ -98,7 +89,7 @@ def products(config, runs: int) -> None:
     for m in (2, 4, 16):
         xm = {k: torch.randn(m, k).bfloat16() for k in (h, i)}
         default = median_ms(every(F.linear, mats, head, xm), runs)
-        aten = median_ms(every(off, mats, head, xm), runs)
+        aten = median_ms(every(aten_linear, mats, head, xm), runs)
         print(f"  {m} rows: oneDNN {default:.2f} ms, ATen {aten:.2f} ms "
               f"(the engine's: {median_ms(every(linear, mats, head, xm), runs):.2f} ms)")
 

@@ -31,6 +31,7 @@ import torch
 import torch.backends.mkldnn as onednn
 import torch.nn.functional as F
 
+from floorline.engine.kernels.attention import rotated_heads
 from floorline.engine.kvcache import FP8, dequantise, quantise
 from floorline.engine.ops import ReferenceOps
 
@@ -38,17 +39,22 @@ REFINED = 16  # an fp32 output's leading entries, computed again in fp32 (module
 ATEN_ROWS = 2  # 16-bit products of up to this many rows through ATen's GEMV (module docstring)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x W^T in W's dtype: up to ATEN_ROWS 16-bit rows through ATen's GEMV (oneDNN off around
-    it), anything else as PyTorch chooses."""
-    if (x.dim() > 1 and x.shape[0] > ATEN_ROWS) or w.dtype == torch.float32:
-        return F.linear(x, w)
+def aten_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x W^T through ATen's own kernels: oneDNN switched off around the product."""
     enabled = onednn.enabled
     onednn.enabled = False
     try:
         return F.linear(x, w)
     finally:
         onednn.enabled = enabled
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x W^T in W's dtype: up to ATEN_ROWS 16-bit rows through ATen's GEMV, anything else as
+    PyTorch chooses."""
+    if (x.dim() > 1 and x.shape[0] > ATEN_ROWS) or w.dtype == torch.float32:
+        return F.linear(x, w)
+    return aten_linear(x, w)
 
 
 class CpuOps(ReferenceOps):
@@ -93,16 +99,8 @@ class CpuOps(ReferenceOps):
         n_heads = out.numel() // head_dim
         p = int(pos)
         rotated = (n_heads + n_kv_heads) * head_dim
-        x = qkv[:rotated].view(-1, head_dim).float()
-        if q_norm is not None:
-            weight = torch.cat([q_norm.float().expand(n_heads, -1),
-                                k_norm.float().expand(n_kv_heads, -1)])
-            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-        turned = rotary or head_dim
-        c, s = cos[p], sin[p]
-        x1, x2 = x[:, :turned].chunk(2, dim=-1)
-        # rounded to the activations' dtype, as the kernel and the reference round q and k
-        r = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, x[:, turned:]], dim=-1).to(qkv.dtype)
+        r = rotated_heads(qkv, n_heads, n_kv_heads, head_dim, cos[p], sin[p], q_norm=q_norm,
+                          k_norm=k_norm, eps=eps, rotary=rotary)
         k_new, v_new = r[n_heads:], qkv[rotated:].view(n_kv_heads, head_dim)
         lo = 0 if window is None else max(0, p + 1 - window)
         if fp8:  # V transposed: its tokens are the last dimension (floorline.engine.kvcache)

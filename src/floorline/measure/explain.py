@@ -98,6 +98,11 @@ def exclusive(spans: list[tuple[str, float, float]]) -> list[tuple[str, float, f
 FLOOR_CLASSES = ("matrix-vector", "attention")  # the classes that move the floor's bytes
 
 
+def busy_ms(events, steps: int) -> float:
+    """The time the profiled steps kept the device (or host) busy, per step."""
+    return union_us([(s, e) for _, s, e, _ in events]) / steps / 1e3
+
+
 def timeline_ms(events, steps: int) -> float:
     """First start to last end of the profiled steps, per step."""
     return (max(e for _, _, e, _ in events) - min(s for _, s, _, _ in events)) / steps / 1e3
@@ -125,15 +130,15 @@ def decompose(classes: dict[str, dict], events, steps: int, median_ms: float,
     """The median's parts from `classes` (by_class() with the same `scale`)."""
     needed = sum(classes[c]["ms"] for c in FLOOR_CLASSES)
     busy = sum(row["ms"] for row in classes.values())
+    timeline = timeline_ms(events, steps)
     return {
         "floor_ms": floor_ms, "lost_in_kernels_ms": needed - floor_ms,
         "other_kernels_ms": busy - needed, "launch_and_idle_ms": median_ms - busy,
         "median_ms": median_ms, "kernel_ms": busy,
-        "busy_union_ms": union_us([(s, e) for _, s, e, _ in events]) / steps / 1e3,
-        "profiled_timeline_ms": timeline_ms(events, steps), "profiler_scale": scale,
+        "busy_union_ms": busy_ms(events, steps), "profiled_timeline_ms": timeline,
+        "profiler_scale": scale,
         # the profiler's own cost: how much longer the profiled timeline ran, per kernel
-        "profiler_us_per_kernel": (timeline_ms(events, steps) - median_ms) * 1e3
-        / (len(events) / steps),
+        "profiler_us_per_kernel": (timeline - median_ms) * 1e3 / (len(events) / steps),
     }
 
 
@@ -142,10 +147,8 @@ def profiler_scale(events, steps: int, median_ms: float, device: str) -> float:
     longer than the unprofiled median (the profiler's cost lay in the gaps); else the median
     over the profiled timeline. A CPU's operators are host work, stretched by the profiler as
     much as the gaps between them, so there it always applies."""
-    if device.startswith("cuda"):
-        busy = union_us([(s, e) for _, s, e, _ in events]) / steps / 1e3
-        if busy <= median_ms:
-            return 1.0
+    if device.startswith("cuda") and busy_ms(events, steps) <= median_ms:
+        return 1.0
     return median_ms / timeline_ms(events, steps)
 
 

@@ -308,6 +308,22 @@ def _check_scales(k_cache, v_cache, scales) -> bool:
     return fp8
 
 
+def rotated_heads(qkv, n_heads: int, n_kv_heads: int, head_dim: int, c, s, *, q_norm=None,
+                  k_norm=None, eps: float = 0.0, rotary: int | None = None) -> torch.Tensor:
+    """The new token's q and k heads [n_heads + n_kv_heads, head_dim], each RMS-normalised
+    where `q_norm` and `k_norm` are given, its first `rotary` dims turned by the position's
+    cos `c` and sin `s`, rounded to qkv's dtype as the kernel rounds them."""
+    rotated = (n_heads + n_kv_heads) * head_dim
+    x = qkv[:rotated].view(-1, head_dim).float()
+    if q_norm is not None:
+        weight = torch.cat([q_norm.float().expand(n_heads, -1),
+                            k_norm.float().expand(n_kv_heads, -1)])
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    turned = rotary or head_dim
+    x1, x2 = x[:, :turned].chunk(2, dim=-1)
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, x[:, turned:]], dim=-1).to(qkv.dtype)
+
+
 def decode_attention_reference(qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,
                                window: int | None, scratch=None, block_t: int = 64,
                                scales=None, q_norm=None, k_norm=None, eps: float = 0.0,
@@ -319,14 +335,8 @@ def decode_attention_reference(qkv, k_cache, v_cache, cos, sin, pos, out, *, sca
     index = pos.long().view(1)
     c, s = cos.index_select(0, index), sin.index_select(0, index)  # [1, rotary/2]
     rotated = (n_heads + n_kv_heads) * head_dim
-    x = qkv[:rotated].view(-1, head_dim).float()
-    if q_norm is not None:
-        weight = torch.cat([q_norm.float().expand(n_heads, -1),
-                            k_norm.float().expand(n_kv_heads, -1)])
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-    turned = rotary or head_dim
-    x1, x2 = x[:, :turned].chunk(2, dim=-1)
-    r = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, x[:, turned:]], dim=-1).to(qkv.dtype)
+    r = rotated_heads(qkv, n_heads, n_kv_heads, head_dim, c, s, q_norm=q_norm, k_norm=k_norm,
+                      eps=eps, rotary=rotary)
     k_new, v_new = r[n_heads:].unsqueeze(1), qkv[rotated:].view(n_kv_heads, 1, head_dim)
     if _check_scales(k_cache, v_cache, scales):
         # V transposed: its tokens are the last dimension
