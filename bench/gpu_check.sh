@@ -19,8 +19,8 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export FLOORLINE_RUN_LABEL="$(basename "$0") ${1:-all}"
 fl() { python3 -m floorline "$@"; }
-if ! python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
-  echo "gpu_check: no CUDA GPU here; the check is for a machine with one" >&2
+if ! python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+  echo "gpu_check: python3 sees no CUDA GPU here (or no torch); the check is for a machine with one" >&2
   exit 2
 fi
 GPU=$(python3 -c "from floorline.hardware import detect; print(detect('cuda').name)")

@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from floorline.errors import FloorlineError
 from floorline.records import VALID
 from floorline.store import Store
 
@@ -71,7 +72,11 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--tolerance", type=float, default=0.03)
     args = parser.parse_args()
-    checked = rows_of(args.db)
+    try:
+        checked = rows_of(args.db)
+    except FloorlineError as e:
+        print(f"gpu_check_cells: {e}", file=sys.stderr)
+        return 2
     if not checked:
         print(f"cell: FAIL {args.db} holds no cells")
         return 1
