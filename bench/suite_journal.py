@@ -1,0 +1,57 @@
+"""A pytest plugin that appends each test's start and outcome to a journal the moment they
+happen (bench/suite_stages.py loads it with `-p suite_journal` and reads the journal back).
+
+The journal, FLOORLINE_TEST_JOURNAL, is written by the process that reports the tests: pytest
+itself, or pytest-xdist's controller, which receives every worker's reports (a worker crashed
+mid-test included), so a run cut off at any point still tells which tests failed and which had
+started and not finished. One JSON object a line: event (start, report, finish, collect), nodeid,
+t; collect lists the node ids to run (tests never started are named from it); for a report its
+phase (when), outcome, duration and, where it failed, its text (detail).
+"""
+
+import json
+import os
+import time
+
+import pytest
+
+PATH = None if os.environ.get("PYTEST_XDIST_WORKER") else os.environ.get("FLOORLINE_TEST_JOURNAL")
+DETAIL_CHARS = 8000  # a failure's last characters: the stack's end and the assertion
+
+
+def write(event: str, nodeid: str, **fields) -> None:
+    if PATH:
+        with open(PATH, "a") as f:
+            f.write(json.dumps({"event": event, "nodeid": nodeid, "t": time.time(), **fields})
+                    + "\n")
+
+
+def pytest_collection_finish(session):
+    if not os.environ.get("PYTEST_XDIST_WORKER") and session.items:  # pytest without xdist
+        write("collected", "", ids=[item.nodeid for item in session.items])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    write("collected", "", ids=list(ids))  # each worker collects the same ids
+
+
+def pytest_runtest_logstart(nodeid, location):
+    write("start", nodeid)
+
+
+def pytest_runtest_logreport(report):
+    failed = report.outcome == "failed"
+    write("report", report.nodeid, when=report.when, outcome=report.outcome,
+          duration=round(report.duration, 3),
+          detail=str(report.longrepr)[-DETAIL_CHARS:] if failed else None)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    write("finish", nodeid)
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        write("collect", report.nodeid or "(collection)",
+              detail=str(report.longrepr)[-DETAIL_CHARS:])
