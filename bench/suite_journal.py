@@ -4,9 +4,10 @@ happen (bench/suite_stages.py loads it with `-p suite_journal` and reads the jou
 The journal, FLOORLINE_TEST_JOURNAL, is written by the process that reports the tests: pytest
 itself, or pytest-xdist's controller, which receives every worker's reports (a worker crashed
 mid-test included), so a run cut off at any point still tells which tests failed and which had
-started and not finished. One JSON object a line: event (start, report, finish, collect), nodeid,
-t; collect lists the node ids to run (tests never started are named from it); for a report its
-phase (when), outcome, duration and, where it failed, its text (detail).
+started and not finished. One JSON object a line: event, nodeid and t. The events: collected
+(ids: every test to run, so that those never started can be named), start, report (when: the
+phase; outcome; duration; detail: a failure's text), finish, and collect (a file that could not
+be collected, with its detail).
 """
 
 import json
@@ -17,6 +18,7 @@ import pytest
 
 PATH = None if os.environ.get("PYTEST_XDIST_WORKER") else os.environ.get("FLOORLINE_TEST_JOURNAL")
 DETAIL_CHARS = 8000  # a failure's last characters: the stack's end and the assertion
+collected = False
 
 
 def write(event: str, nodeid: str, **fields) -> None:
@@ -33,7 +35,10 @@ def pytest_collection_finish(session):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node, ids):
-    write("collected", "", ids=list(ids))  # each worker collects the same ids
+    global collected  # every worker collects the same ids: written once
+    if not collected:
+        collected = True
+        write("collected", "", ids=list(ids))
 
 
 def pytest_runtest_logstart(nodeid, location):

@@ -137,8 +137,11 @@ def run_stage(stage: str, files: list[Path], logs: Path, workers: int, test_time
                *([f"-n{workers}", "--dist", "loadfile"] if workers > 1 else []),
                *map(str, files)]
     here = str(Path(__file__).parent)  # the journal's plugin, for pytest and its workers
-    env = {**os.environ, "FLOORLINE_TEST_JOURNAL": str(journal), "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+    # (a pytest run from inside another's worker would take itself for a worker: no journal)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PYTEST_XDIST_") and k != "PYTEST_CURRENT_TEST"}
+    env.update(FLOORLINE_TEST_JOURNAL=str(journal), PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
     start = time.monotonic()
     with open(log, "w") as out:
         proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,

@@ -113,8 +113,9 @@ def test_a_crashing_session_is_recorded_and_the_others_kept(tmp_path, monkeypatc
 
 
 def test_ab_bad_input(tmp_path):
+    # on the CPU by name: on a GPU machine the default device would run this A/B
     proc = run_cli("ab", "--a", "hf-static", "--b", "hf-static+graphs", "--model", "tiny-llama",
-                   "--ctx", "16", "--db", tmp_path / "r.db", "--gpu", "l4")
+                   "--ctx", "16", "--db", tmp_path / "r.db", "--gpu", "l4", "--device", "cpu")
     assert proc.returncode == 2 and "+graphs needs a CUDA device" in proc.stderr
     assert "Traceback" not in proc.stderr
 

@@ -1,9 +1,12 @@
 """The GPU check's cells part (bench/gpu_check_cells.py): each cell against the newest committed
 figure of the same model, context, path and GPU, one verdict line each, a regression a failure."""
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from floorline import store as store_module
 from floorline.records import INVALID, VALID, CellKey, CellResult
@@ -65,3 +68,69 @@ def test_each_cell_is_judged_against_the_newest_committed_figure_of_its_gpu(tmp_
                            str(results), "--tolerance", "0.05"], capture_output=True, text=True,
                           timeout=120)
     assert "cell: PASS engine-int4" in proc.stdout and proc.returncode == 1  # the invalid one
+
+
+def suite_stages():
+    spec = importlib.util.spec_from_file_location("suite_stages", SCRIPT.parent / "suite_stages.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_test_file_is_in_exactly_one_stage():
+    stages = suite_stages().stage_files()
+    files = [f.name for fs in stages.values() for f in fs]
+    assert sorted(files) == sorted(p.name for p in (SCRIPT.parents[1] / "tests").glob("test_*.py"))
+    assert len(files) == len(set(files)) and all(stages.values())
+
+
+# Each outcome a stage must name, under xdist's controller as on the GPU machine: the hang past
+# the per-test limit fails with its stack; cut off by the stage's limit, it is unfinished and
+# the tests after it, in the same file, are named as not run.
+STAGE_TESTS = '''
+import time
+import pytest
+
+def test_passes():
+    pass
+
+def test_fails():
+    assert 1 == 2, "the planted failure"
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("the planted fixture error")
+
+def test_errors(broken):
+    pass
+
+def test_hangs():
+    time.sleep(30)
+
+def test_after_the_hang():
+    pass
+'''
+
+
+@pytest.mark.parametrize("test_timeout, limit", [(2, 60), (60, 8)], ids=["test-limit", "cut-off"])
+def test_a_stage_names_every_failure_and_what_did_not_finish(tmp_path, test_timeout, limit):
+    tests = tmp_path / "test_planted.py"
+    tests.write_text(STAGE_TESTS)
+    passed, lines = suite_stages().run_stage("planted", [tests], tmp_path, 2, test_timeout,
+                                             limit)
+    assert not passed
+    named = [line.split() for line in lines[1:]]
+    assert ["failed", "test_planted.py::test_fails"] in named
+    assert ["error", "test_planted.py::test_errors"] in named
+    if limit == 8:
+        assert lines[0].startswith("suite planted: FAIL 1 failed, 1 error, 1 unfinished, "
+                                   "1 passed, 1 not run (")
+        assert lines[0].endswith(", cut off at the stage's limit)")
+        assert ["unfinished", "test_planted.py::test_hangs"] in named
+        assert ["not", "run", "test_planted.py::test_after_the_hang"] in named
+    else:
+        assert lines[0].startswith("suite planted: FAIL 2 failed, 1 error, 2 passed (")
+        assert ["failed", "test_planted.py::test_hangs"] in named
+        assert "Timeout" in (tmp_path / "planted.failures").read_text()
+    assert "the planted failure" in (tmp_path / "planted.failures").read_text()
+    assert "PASSED" in (tmp_path / "planted.log").read_text()  # each outcome as it came

@@ -52,6 +52,11 @@ def misbehave(job):
         sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         open(os.environ["PIDS_FILE"], "w").write(f"{os.getpid()} {sleeper.pid}")
         time.sleep(600)
+    if ctx == 64:  # hangs, with a grandchild of a session of its own holding its pipes
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                                   start_new_session=True)
+        open(os.environ["PIDS_FILE"], "w").write(f"{sleeper.pid}")
+        time.sleep(600)
     if ctx == 48:  # before the job: the process dies of an uncaught MemoryError
         exhaust_memory()
     if ctx == 56:  # as a native library that dereferences a bad pointer
@@ -147,6 +152,20 @@ def test_a_cell_that_hangs_is_stopped_at_its_timeout_with_what_it_started(misbeh
     while not all(gone(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert all(gone(p) for p in pids)
+
+
+@pytest.mark.parametrize("misbehaving_child", ["fresh"], indirect=True)  # a fork's go to files
+def test_pipes_held_outside_the_childs_group_do_not_hold_the_sweep(misbehaving_child,
+                                                                   monkeypatch):
+    monkeypatch.setattr(runner, "STOP_READ_S", 2.0)
+    db = misbehaving_child / "r.db"
+    start = time.monotonic()
+    Sweep(Store(db), "cpu", GPU, timeout_s=5).run_cell(key(64))
+    try:
+        assert time.monotonic() - start < 60  # the grandchild sleeps for 120
+        assert stored(db) == [(64, "invalid", "the cell's process failed: timed out after 5 s")]
+    finally:
+        os.kill(int((misbehaving_child / "pids").read_text()), signal.SIGKILL)
 
 
 def test_explain_runs_in_a_child_and_its_death_is_one_reason(misbehaving_child):

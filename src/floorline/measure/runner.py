@@ -35,6 +35,9 @@ WORKER = [sys.executable, "-m", "floorline.measure.worker"]
 # Long enough for a 7-8B model's load, compilation and a long prompt on a GPU; a CPU demo cell
 # takes seconds.
 TIMEOUT_S = 1800.0
+# After its group is killed, how long a child's pipes are read for what it printed last: a
+# process that left the group (a daemon of a library, a session of its own) can hold them open.
+STOP_READ_S = 10.0
 OOM_HINTS = ("MemoryError", "OutOfMemoryError", "out of memory", "can't allocate memory")
 
 
@@ -121,7 +124,12 @@ def _stop(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    proc.communicate()
+    try:
+        proc.communicate(timeout=STOP_READ_S)
+    except subprocess.TimeoutExpired:  # the pipes outlive the group: stop reading them
+        for pipe in (proc.stdout, proc.stderr):
+            pipe.close()
+        proc.wait()
 
 
 def run_cell_in_child(key: CellKey, device: str, gpu: DeviceSpec, seed: int = 0,
