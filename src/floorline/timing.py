@@ -10,22 +10,28 @@ from dataclasses import dataclass, replace
 
 from floorline.stats import median_interval
 
-# Auto warm-up: the median of each window of steps against the window before.
+# Auto warm-up: the median of each window of steps against the window before. Two windows agree
+# where their medians differ by no more than their own noise: twice the standard error of the
+# difference of the two medians, each estimated from its window's interquartile range, at least
+# TOLERANCE and at most MAX_TOLERANCE. A step whose kernels the GPU runs back to back varies by
+# well under 1% from one window to the next, so for it the rule is 1%. A step launched kernel by
+# kernel from Python times the host as much as the GPU: on a shared host its p10-p90 spans 5-66%
+# of its median (the H200 study's hf-eager and hf-static cells), on the CPU 5-25% (the demo's
+# cells), and its windows' medians differ by more than 1% with no trend at all; held to 1%, such
+# a path was never steady (the H200's and the H100's hf-eager at the study's headline cell).
 WINDOW = 32
 TOLERANCE = 0.01  # relative
+MAX_TOLERANCE = 0.05  # a change beyond this is a trend, however noisy the steps
 WARMUP_CAP = 512
-WARMUP_MAX_S = 5.0  # also a cap: on a busy CPU the medians may never agree
-# On the CPU a step of tens of ms on a shared host varies by more than 1% from one window of 32
-# to the next even when nothing else runs (the p10-p90 of the CPU demo's cells spans 5-25% of
-# their medians), so two windows there agree where their medians differ by no more than their
-# own noise: twice the standard error of the difference of the two medians, each estimated from
-# its window's interquartile range, at least TOLERANCE and at most CPU_MAX_TOLERANCE. Its windows
-# are sized in time, the steps that fill CPU_WINDOW_S (at least CPU_MIN_WINDOW, at most WINDOW),
-# so that a slow step does not spend the warm-up's 5 s on two windows. On a GPU the rule stays
-# WINDOW steps within TOLERANCE.
+# Also a cap: on a busy host the medians may never agree. It ends the warm-up only once
+# MIN_WINDOWS windows have run, so that a slow step (a 7B model's eager step takes 50-70 ms, 32
+# of them 2 s) gets more than one comparison.
+WARMUP_MAX_S = 5.0
+MIN_WINDOWS = 4
+# On the CPU the windows are sized in time, the steps that fill CPU_WINDOW_S (at least
+# CPU_MIN_WINDOW, at most WINDOW), so that a slow step does not spend the warm-up on few windows.
 CPU_WINDOW_S = 0.5
 CPU_MIN_WINDOW = 8
-CPU_MAX_TOLERANCE = 0.05
 # Auto steps: at least this many, then about a quarter more at a time, up to the cap.
 FIRST_STEPS = 32
 STEPS_CAP = 2048
@@ -66,8 +72,9 @@ class StepPlan:
         """The rule, for a cell's details."""
         rule = {}
         if self.warmup is None:
-            rule["warmup_rule"] = {"window": WINDOW, "tolerance": TOLERANCE, "cap": self.warmup_cap,
-                              "cap_s": WARMUP_MAX_S}
+            rule["warmup_rule"] = {"window": WINDOW, "tolerance": TOLERANCE,
+                                   "max_tolerance": MAX_TOLERANCE, "cap": self.warmup_cap,
+                                   "cap_s": WARMUP_MAX_S, "min_windows": MIN_WINDOWS}
         if self.steps is None:
             rule["steps_rule"] = {"rel_width": self.rel_width, "confidence": 0.95,
                              "cap": self.steps_cap}
@@ -82,7 +89,7 @@ class Timing:
     median_ci_ms: tuple[float, float] | None = None  # auto steps: the interval reached
     width_reached: bool | None = None  # auto steps: whether before the cap
     energy: dict | None = None
-    tolerance: float | None = None  # auto warm-up: its last comparison's (CPU: from the noise)
+    tolerance: float | None = None  # auto warm-up: its last comparison's, from the noise
     window_s: float | None = None  # auto warm-up on the CPU: its windows' length in time
 
     @property
@@ -179,23 +186,21 @@ def median_error(window: list[float]) -> float:
     return 1.2533 * (q3 - q1) / 1.349 / len(window) ** 0.5 / statistics.median(window)
 
 
-def agreement_tolerance(window: list[float], before: list[float], cpu: bool) -> float:
-    """How close two windows' medians must be to call the step steady: TOLERANCE on a GPU; on
-    the CPU their own noise (the rule at CPU_WINDOW_S)."""
-    if not cpu:
-        return TOLERANCE
+def agreement_tolerance(window: list[float], before: list[float]) -> float:
+    """How close two windows' medians must be to call the step steady: within their own noise,
+    at least TOLERANCE and at most MAX_TOLERANCE (the rule at WINDOW)."""
     noise = 2 * (median_error(window) ** 2 + median_error(before) ** 2) ** 0.5
-    return min(CPU_MAX_TOLERANCE, max(TOLERANCE, noise))
+    return min(MAX_TOLERANCE, max(TOLERANCE, noise))
 
 
 def warm_up(step, device: str, cap: int) -> tuple[int, bool, float | None]:
     """Steps until the median of a window is within its tolerance of the window before
-    (agreement_tolerance: WINDOW steps within TOLERANCE on a GPU; on the CPU windows of
-    CPU_WINDOW_S within their noise), or `cap` steps, or the window that passes WARMUP_MAX_S of
-    step time: (steps run, whether steady, the last comparison's tolerance)."""
+    (agreement_tolerance: windows of WINDOW steps on a GPU, of CPU_WINDOW_S on the CPU), or
+    `cap` steps, or the window that passes WARMUP_MAX_S of step time once MIN_WINDOWS have run:
+    (steps run, whether steady, the last comparison's tolerance)."""
     cpu = not device.startswith("cuda")
     windows, done, spent_ms, tolerance = [], 0, 0.0, None
-    while done < cap and spent_ms < WARMUP_MAX_S * 1e3:
+    while done < cap and (spent_ms < WARMUP_MAX_S * 1e3 or len(windows) < MIN_WINDOWS):
         if cpu:
             window = []
             while done + len(window) < cap and len(window) < WINDOW and (
@@ -207,7 +212,7 @@ def warm_up(step, device: str, cap: int) -> tuple[int, bool, float | None]:
         done, spent_ms = done + len(window), spent_ms + sum(window)
         # (a CPU window cut short by the cap, under 4 steps, has no quartiles to compare)
         if len(windows) >= 2 and (not cpu or min(len(window), len(windows[-2])) >= 4):
-            tolerance = agreement_tolerance(window, windows[-2], cpu)
+            tolerance = agreement_tolerance(window, windows[-2])
             change = statistics.median(window) / statistics.median(windows[-2]) - 1
             if abs(change) <= tolerance:
                 return done, True, tolerance

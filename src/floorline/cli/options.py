@@ -31,8 +31,9 @@ GPU_OPTION = Annotated[str | None, typer.Option(
 TRUST_OPTION = Annotated[bool, typer.Option(
     "--trust-remote-code", help="Run a config's own model code (auto_map).")]
 WARMUP_OPTION = Annotated[str, typer.Option(
-    help="Untimed decode steps before timing, or 'auto': until the median of 32 steps is within "
-         "1% of the 32 before (at most 512 steps or about 5 s).")]
+    help="Untimed decode steps before timing, or 'auto': until the median of 32 steps agrees "
+         "with the 32 before within their own noise (at least 1%, at most 5%; at most 512 steps "
+         "or about 5 s, after at least 4 windows).")]
 REL_WIDTH_OPTION = Annotated[float | None, typer.Option(
     help="With --steps auto: the width of the median's 95% interval to reach, as a fraction of "
          "the median (default 0.01).")]

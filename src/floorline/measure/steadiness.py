@@ -14,7 +14,7 @@ both bounds flag.
 
 from __future__ import annotations
 
-from floorline.timing import CPU_MAX_TOLERANCE, TOLERANCE, WINDOW
+from floorline.timing import MAX_TOLERANCE, TOLERANCE, WINDOW
 
 # Drift: the median of the last quarter of the timed steps over that of the first
 # (timing.drift). A step 25% slower by the end of its timing than at its start, or 20% faster,
@@ -28,11 +28,12 @@ MAX_SPREAD = 0.5
 # the p10-p90, and they say nothing about the host.
 MIN_STEPS = 32
 # The automatic warm-up's own rule (timing.warm_up): two windows of steps whose medians agree
-# within TOLERANCE before its cap; details["steady"] is False where they never did (None: a
-# fixed --warmup, which asserts nothing). Except where the model's positions cut that cap to
-# two windows (StepPlan.within, near the model's limit): one comparison, of a cold window with
-# the next, which three ctx 131072 engine cells in this repository's history failed before
-# timing with drift within 1.2% and spread under 3%. There the drift and spread bounds decide.
+# within their own noise (TOLERANCE to MAX_TOLERANCE) before its cap; details["steady"] is False
+# where they never did (None: a fixed --warmup, which asserts nothing). Except where the model's
+# positions cut that cap to two windows (StepPlan.within, near the model's limit): one
+# comparison, of a cold window with the next, which three ctx 131072 engine cells in this
+# repository's history failed before timing with drift within 1.2% and spread under 3%. There
+# the drift and spread bounds decide.
 
 # On the CPU: other processes' share of the host's CPU time while the cell's steps ran (warm-up
 # and timing; details["others_cpu"], measure/host.py), beyond the share the cell's threads left
@@ -76,9 +77,9 @@ def unsteady_reason(details: dict, summary: dict | None) -> str | None:
         limit = (f" ({cap} steps or {details['warmup_rule'].get('cap_s'):g} s)"
                  if cap is not None and details["warmup_rule"].get("cap_s") else "")
         window_s = details.get("warmup_window_s")
-        agreeing = (f"no two windows of {window_s:g} s agreeing within their own noise (at "
-                    f"least {TOLERANCE:.0%}, at most {CPU_MAX_TOLERANCE:.0%})" if window_s
-                    else f"no two windows of {WINDOW} steps agreeing within {TOLERANCE:.0%}")
+        window = f"{window_s:g} s" if window_s else f"{WINDOW} steps"
+        agreeing = (f"no two windows of {window} agreeing within their own noise (at least "
+                    f"{TOLERANCE:.0%}, at most {MAX_TOLERANCE:.0%})")
         failed.append(f"the automatic warm-up stopped at its cap{limit} after "
                       f"{details.get('warmup_steps')} steps, {agreeing}")
         longer_warmup = True
