@@ -122,6 +122,31 @@ def test_an_unknown_host_is_refused_within_the_connect_timeout(tmp_path):
     assert elapsed < TIMEOUT_S + SLACK_S
 
 
+def test_a_resolver_that_never_answers_is_refused_within_the_connect_timeout(monkeypatch):
+    """A resolver whose queries a firewall drops: the lookup alone outlasts the timeout."""
+    from floorline.errors import FloorlineError
+    from floorline.measure import fleet
+
+    answered = threading.Event()
+
+    def dropped(*args, **kwargs):  # as glibc's resolver, once its retries are spent
+        answered.wait(60)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+    monkeypatch.setattr(socket, "getaddrinfo", dropped)
+    cluster = "tcp://scheduler.example:8786"
+    start = time.monotonic()
+    try:
+        with pytest.raises(FloorlineError) as refusal:
+            fleet.reach(cluster, fleet.security(cluster), TIMEOUT_S)
+        elapsed = time.monotonic() - start
+    finally:
+        answered.set()
+    assert str(refusal.value) == (f"cannot reach the Dask scheduler at {cluster}: cannot look up "
+                                  f"the host 'scheduler.example' (the resolver did not answer in "
+                                  f"{TIMEOUT_S} s); {RETRY}")
+    assert TIMEOUT_S <= elapsed < TIMEOUT_S + 1
+
+
 @pytest.fixture
 def silent():
     """The address of a loopback listener that accepts connections and never answers."""

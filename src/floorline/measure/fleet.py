@@ -18,6 +18,7 @@ import queue
 import re
 import socket
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -212,10 +213,35 @@ async def server_type(address: str, settings, timeout_s: float) -> str:
         comm.abort()
 
 
+def look_up(address: str, timeout_s: float) -> None:
+    """One line unless the host of `address` is looked up within `timeout_s`. Asked in a thread
+    of its own: a resolver whose queries are dropped answers only after its own retries, tens of
+    seconds, which neither Dask's connect timeout nor a socket's covers."""
+    host, port = host_port(address)
+    answer: queue.Queue = queue.Queue()
+
+    def ask():
+        try:
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            answer.put(None)
+        except OSError as e:
+            answer.put(e)
+
+    threading.Thread(target=ask, daemon=True).start()
+    try:
+        error = answer.get(timeout=timeout_s)
+    except queue.Empty:
+        raise cannot_reach(address, f"cannot look up the host '{host}' (the resolver did not "
+                                    f"answer in {timeout_s:g} s)") from None
+    if error is not None:
+        raise cannot_reach(address, f"{socket_error(host, error)}, tried for {timeout_s:g} s")
+
+
 def reach(address: str, settings, timeout_s: float) -> None:
     """One line unless a Dask scheduler answers at `address` within `timeout_s`. Asked here,
     apart from the client: the client waits without end on a listener that never answers, and
     one that failed to connect prints a traceback as it is collected."""
+    look_up(address, timeout_s)
     try:
         kind = asyncio.run(asyncio.wait_for(server_type(address, settings, timeout_s),
                                             timeout_s))
@@ -237,6 +263,10 @@ def unreachable(address: str, timeout_s: float) -> FloorlineError:
         why = (f"something accepts connections there but did not answer as a Dask scheduler in "
                f"{timeout_s:g} s" + (" (with the TLS settings in Dask's configuration)"
                                     if address.startswith("tls://") else ""))
+    return cannot_reach(address, why)
+
+
+def cannot_reach(address: str, why: str) -> FloorlineError:
     return FloorlineError(f"cannot reach the Dask scheduler at {address}: {why}; "
                           f"{CONNECT_VAR}=SECONDS sets how long to try")
 
