@@ -144,6 +144,14 @@ def test_a_gpu_step_run_back_to_back_is_held_to_one_percent(gpu_steps):
     assert t.steady is False and t.warmup_steps == 256
 
 
+def test_a_gpu_window_cut_short_by_the_cap_is_not_compared(gpu_steps):
+    """A cap of 65 steps leaves a last window of one step: it has no quartiles, and the warm-up
+    ends at the cap, unsteady (5% slower a window), instead of failing."""
+    gpu_steps(lambda k: 5.0 * 1.05 ** (k // timing.WINDOW))
+    t = run_plan(None, "cuda", StepPlan(None, 8, warmup_cap=2 * timing.WINDOW + 1))
+    assert t.steady is False and t.warmup_steps == 2 * timing.WINDOW + 1
+
+
 def test_a_slow_gpu_step_gets_several_windows_before_the_time_cap(gpu_steps):
     """90 ms steps: two windows of 32 pass the 5 s cap, yet the warm-up compares MIN_WINDOWS of
     them before it stops; a trend of 6% a window, beyond the largest tolerance, is unsteady."""

@@ -210,8 +210,8 @@ def warm_up(step, device: str, cap: int) -> tuple[int, bool, float | None]:
             window = timed_batch(step, device, min(WINDOW, cap - done))
         windows.append(window)
         done, spent_ms = done + len(window), spent_ms + sum(window)
-        # (a CPU window cut short by the cap, under 4 steps, has no quartiles to compare)
-        if len(windows) >= 2 and (not cpu or min(len(window), len(windows[-2])) >= 4):
+        # (a window cut short by the cap, under 4 steps, has no quartiles to compare)
+        if len(windows) >= 2 and min(len(window), len(windows[-2])) >= 4:
             tolerance = agreement_tolerance(window, windows[-2])
             change = statistics.median(window) / statistics.median(windows[-2]) - 1
             if abs(change) <= tolerance:
