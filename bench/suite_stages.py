@@ -71,18 +71,25 @@ def stage_files(tests: Path = TESTS) -> dict[str, list[Path]]:
             for stage, files in STAGES.items()}
 
 
-def outcomes(journal: Path) -> dict[str, list[str]]:
-    """Node ids by outcome (passed, failed, error, skipped, unfinished, not run) from a journal:
-    a test failing in its call failed, in its setup or teardown is an error (as pytest counts
-    them), a test started and never finished is unfinished, one collected and never started was
-    not run, and a file that could not be collected is an error under its own path."""
-    started, finished, status, collected = [], set(), {}, {}
-    lines = journal.read_text().splitlines() if journal.exists() else []
-    for line in lines:
+def read_journal(journal: Path) -> list[dict]:
+    """The journal's events, in the order they came (none where pytest never started)."""
+    events = []
+    for line in journal.read_text().splitlines() if journal.exists() else []:
         try:
-            e = json.loads(line)
+            events.append(json.loads(line))
         except ValueError:  # the last line of a run killed mid-write
             continue
+    return events
+
+
+def outcomes(events: list[dict]) -> dict[str, list[str]]:
+    """Node ids by outcome (passed, failed, error, skipped, unfinished, not run) from a
+    journal's events: a test failing in its call failed, in its setup or teardown is an error
+    (as pytest counts them), a test started and never finished is unfinished, one collected and
+    never started was not run, and a file that could not be collected is an error under its own
+    path."""
+    started, finished, status, collected = [], set(), {}, {}
+    for e in events:
         node = e["nodeid"]
         if e["event"] == "collected":
             collected.update(dict.fromkeys(e["ids"]))
@@ -98,11 +105,9 @@ def outcomes(journal: Path) -> dict[str, list[str]]:
             status[node] = "skipped"
         elif e["when"] == "call" and node not in status:
             status[node] = "passed"
-    for node in started:
-        if node not in finished and node not in status:
+    for node in started:  # a passed test whose teardown never ended is unfinished too
+        if node not in finished and status.get(node, "passed") == "passed":
             status[node] = "unfinished"
-        elif node not in finished and status[node] == "passed":
-            status[node] = "unfinished"  # its teardown never ended
     by = {k: [] for k in ("failed", "error", "unfinished", "passed", "skipped", "not run")}
     for node, s in status.items():
         by[s].append(node)
@@ -111,7 +116,7 @@ def outcomes(journal: Path) -> dict[str, list[str]]:
 
 
 def verdict(stage: str, by: dict[str, list[str]], seconds: float, returncode: int,
-            cut_off: bool) -> list[str]:
+            cut_off: bool) -> tuple[bool, list[str]]:
     counts = ", ".join(f"{len(by[k])} {k}" for k in by if by[k]) or "no tests ran"
     note = f"{seconds:.0f} s" + (", cut off at the stage's limit" if cut_off else "")
     named = [f"  {k:<10}  {node}" for k in ("failed", "error", "unfinished") for node in by[k]]
@@ -124,7 +129,7 @@ def verdict(stage: str, by: dict[str, list[str]], seconds: float, returncode: in
     passed = returncode in (0, 5) and not named and not cut_off  # 5: every test deselected
     if not passed and not named:
         named = [f"  pytest ended with code {returncode} and named no failing test: see its log"]
-    return [f"suite {stage}: {'PASS' if passed else 'FAIL'} {counts} ({note})", *named]
+    return passed, [f"suite {stage}: {'PASS' if passed else 'FAIL'} {counts} ({note})", *named]
 
 
 def run_stage(stage: str, files: list[Path], logs: Path, workers: int, test_timeout: float,
@@ -161,23 +166,15 @@ def run_stage(stage: str, files: list[Path], logs: Path, workers: int, test_time
                     continue
                 except ProcessLookupError:
                     break
-    by = outcomes(journal)
-    write_failures(journal, logs / f"{stage}.failures")
-    lines = verdict(stage, by, time.monotonic() - start, proc.returncode, cut_off)
-    return lines[0].split(": ", 1)[1].startswith("PASS"), lines
+    events = read_journal(journal)
+    write_failures(events, logs / f"{stage}.failures")
+    return verdict(stage, outcomes(events), time.monotonic() - start, proc.returncode, cut_off)
 
 
-def write_failures(journal: Path, into: Path) -> None:
+def write_failures(events: list[dict], into: Path) -> None:
     """Each failing report's text, in the order they came."""
-    parts = []
-    for line in journal.read_text().splitlines() if journal.exists() else []:
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue
-        if e.get("detail"):
-            parts.append(f"== {e['nodeid']} ({e.get('when', 'collection')})\n{e['detail']}\n")
-    into.write_text("".join(parts))
+    into.write_text("".join(f"== {e['nodeid']} ({e.get('when', 'collection')})\n{e['detail']}\n"
+                            for e in events if e.get("detail")))
 
 
 def main() -> int:
