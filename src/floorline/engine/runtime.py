@@ -6,6 +6,7 @@ import torch
 
 from floorline import graphs
 from floorline.engine.cpu import CpuOps
+from floorline.engine.gguf_blocks import load_gguf
 from floorline.engine.kernels.attention import build_problem as attention_build_problem
 from floorline.engine.kvcache import check_format
 from floorline.engine.model import (
@@ -21,6 +22,7 @@ from floorline.engine.quant import FORMATS, HEAD_FORMATS, Int4Weight, format_of
 from floorline.engine.sampling import Sampler
 from floorline.engine.weights import int4_group, load_checkpoint, random_weights
 from floorline.errors import FloorlineError
+from floorline.models.gguf_checkpoint import model_gguf
 from floorline.models.zoo import quantisation_config
 
 BACKENDS = {"triton": TritonOps, "cpu": CpuOps, "reference": ReferenceOps}
@@ -33,8 +35,10 @@ class Engine:
     floorline.engine.cpu; the default elsewhere) or "reference" (the PyTorch references the
     kernels are tested against). On CUDA, capture() records one step in a CUDA graph and step()
     replays it.
-    weights: the decoder linears' format, "bf16" (the 16-bit `dtype`), "int4" or "fp8"; None
-    runs a checkpoint in its own format (16-bit for random weights). group_size: int4's group
+    weights: the decoder linears' format, "bf16" (the 16-bit `dtype`), "int4" or "fp8", or
+    "gguf": the model directory's GGUF file, each matrix and the LM head in its blocks as stored
+    (floorline.engine.gguf_blocks); None runs a checkpoint in its own format (16-bit for random
+    weights). group_size: int4's group
     along K, 128, 64 or 32; None takes a packed checkpoint's own, or else the largest that
     divides every matrix width (`self.group_size` is the one that runs, None if not int4).
     head: the LM head's, "bf16" (16-bit) or "fp8". kv: the KV cache's, "bf16" (the 16-bit
@@ -75,7 +79,9 @@ class Engine:
         ops = (TritonOps(self.device, precise=dtype == torch.float32) if backend == "triton"
                else BACKENDS[backend]())
         formats = dict(head=head, group_size=group_size)
-        if decoder_weights is None and model_spec.has_real_weights:
+        if decoder_weights is None and weights == "gguf":
+            decoder_weights = self._stored(model_spec, head, group_size, dtype)
+        elif decoder_weights is None and model_spec.has_real_weights:
             decoder_weights = load_checkpoint(model_spec.weights_dir, self.config, self.device,
                                               dtype, weights=weights, quantization=quantization,
                                               **formats)
@@ -93,6 +99,17 @@ class Engine:
         self.graphs: dict[tuple, object] = {}  # other samplers' captured steps (use_sampler)
         self.verify_graphs: dict[int, object] = {}  # CUDA: the verify step of k tokens, by k
         self.filled = 0  # tokens in the cache, kept on the host too: a step past the end is refused
+
+    def _stored(self, model_spec, head: str, group_size: int | None, dtype):
+        """The weights of the model directory's GGUF file, as stored."""
+        if head != "bf16" or group_size is not None:
+            raise FloorlineError("gguf weights run the file's own LM head and blocks: no head "
+                                 "format or group size is chosen for them")
+        try:
+            path = model_gguf(model_spec)
+        except FloorlineError as e:
+            raise EngineUnsupported(str(e)) from None
+        return load_gguf(path, self.config, self.device, dtype)
 
     @property
     def ops(self):
@@ -167,6 +184,10 @@ class Engine:
         verify step moves neither token nor position, and the cache slots it wrote are
         written again by the replay)."""
         k = len(drafts) + 1
+        blocks = sorted({self.weights, self.head} & {"q4_1", "q8_0"})
+        if blocks and isinstance(self.ops, TritonOps):
+            raise EngineUnsupported(f"the GPU's verify step does not yet run GGUF "
+                                    f"{' or '.join(b.upper() for b in blocks)} blocks as stored")
         rows = self.decoder.verify_rows(k)
         self._room(k)
         if drafts:

@@ -31,7 +31,14 @@ from triton.runtime.errors import OutOfResources
 from floorline import graphs
 from floorline.engine.kernels.gemv import GemvConfig, SplitPartials, gemv
 from floorline.engine.kernels.rows import default_config, rows_product
-from floorline.engine.quant import Fp8Weight, Int4Weight, nbytes, quantise_fp8
+from floorline.engine.quant import (
+    Fp8Weight,
+    Int4Weight,
+    Q4_1Weight,
+    Q8_0Weight,
+    nbytes,
+    quantise_fp8,
+)
 from floorline.errors import FloorlineError
 from floorline.localcache import cache_dir
 from floorline.timing import rotation_copies, time_steps
@@ -123,13 +130,18 @@ def interpreter_config(k: int, group: int | None = None) -> GemvConfig:
 
 
 def group_of(w) -> int | None:
-    return w.group_size if isinstance(w, Int4Weight) else None
+    """The group of a weight read as int4 words (int4, Q4_1), else None."""
+    return w.group_size if isinstance(w, (Int4Weight, Q4_1Weight)) else None
 
 
 def kind(w) -> str:
     """The weight's format in a tuning key."""
     if isinstance(w, Int4Weight):
         return f"int4g{w.group_size}"
+    if isinstance(w, Q4_1Weight):
+        return "q4_1"
+    if isinstance(w, Q8_0Weight):
+        return "q8_0"
     if isinstance(w, Fp8Weight):
         return "fp8row"
     return str(w.dtype)
@@ -139,14 +151,22 @@ def random_like(w, generator):
     """A weight of `w`'s format and shape with random contents (for timing)."""
     n, k = w.shape
     device = w.device
+    def words():
+        return torch.randint(-2**31, 2**31 - 1, tuple(w.qweight.shape), dtype=torch.int32,
+                             device=device, generator=generator)
+
+    def fp16(shape, lo=1e-3, hi=2e-3):
+        return torch.empty(tuple(shape), dtype=torch.float16, device=device).uniform_(
+            lo, hi, generator=generator)
     if isinstance(w, Int4Weight):
-        return Int4Weight(
-            torch.randint(-2**31, 2**31 - 1, tuple(w.qweight.shape), dtype=torch.int32,
-                          device=device, generator=generator),
-            torch.empty(tuple(w.scales.shape), dtype=torch.float16, device=device).uniform_(
-                1e-3, 2e-3, generator=generator),
-            torch.randint(0, 16, tuple(w.zeros.shape), dtype=torch.uint8, device=device,
-                          generator=generator), w.group_size)
+        return Int4Weight(words(), fp16(w.scales.shape),
+                          torch.randint(0, 16, tuple(w.zeros.shape), dtype=torch.uint8,
+                                        device=device, generator=generator), w.group_size)
+    if isinstance(w, Q4_1Weight):
+        return Q4_1Weight(words(), fp16(w.scales.shape), fp16(w.mins.shape, -2e-2, -1e-2))
+    if isinstance(w, Q8_0Weight):
+        return Q8_0Weight(torch.randint(-127, 128, (n, k), dtype=torch.int8, device=device,
+                                        generator=generator), fp16(w.scales.shape))
     m = torch.empty(n, k, dtype=torch.float32 if isinstance(w, Fp8Weight) else w.dtype,
                     device=device).normal_(0, 0.02, generator=generator)
     return quantise_fp8(m) if isinstance(w, Fp8Weight) else m

@@ -135,13 +135,14 @@ def _group(config, weights: str, group_size: int | None, source: str) -> int | N
 
 def from_named(config, get: Callable[[str], torch.Tensor], device, dtype, *,
                weights: str = "bf16", head: str = "bf16", group_size: int | None = None,
-               linear: Callable[[str], object] | None = None,
+               linear: Callable[[str], object] | None = None, head_weight=None,
                source: str = "the weights") -> DecoderWeights:
     """Weights from Hugging Face parameter names; `get(name)` returns the tensor. The decoder's
     linears are quantised to `weights` and the LM head to `head` (16-bit: `dtype` as it is);
     int4 in groups of `group_size` (None: int4_group's choice). `linear(prefix)`, where given,
-    returns a linear already in its format (a packed checkpoint's). A tensor whose shape is not
-    the config's is refused, naming `source`."""
+    returns a linear already in its format (a packed checkpoint's); `head_weight(name)`, where
+    given, the LM head in its own. A tensor whose shape is not the config's is refused, naming
+    `source`."""
     shapes = expected_shapes(config)
     group_size = _group(config, weights, group_size, source)
 
@@ -192,9 +193,12 @@ def from_named(config, get: Callable[[str], torch.Tensor], device, dtype, *,
             post_mlp=norm(p + "post_feedforward_layernorm.weight") if config.gemma else None,
         ))
     embed = take("model.embed_tokens.weight")
-    head_matrix = embed if config.tied else take("lm_head.weight")
-    return DecoderWeights(embed, quant.quantise(head_matrix, head), norm("model.norm.weight"),
-                          layers)
+    if head_weight is not None:
+        head_matrix = head_weight("model.embed_tokens" if config.tied else "lm_head")
+        check("model.embed_tokens.weight" if config.tied else "lm_head.weight", head_matrix)
+    else:
+        head_matrix = quant.quantise(embed if config.tied else take("lm_head.weight"), head)
+    return DecoderWeights(embed, head_matrix, norm("model.norm.weight"), layers)
 
 
 def checkpoint_format(qc: dict | None, name: str) -> tuple[str, int | None]:

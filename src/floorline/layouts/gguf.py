@@ -1,9 +1,10 @@
 """GGUF files with seeded random weights, for llama.cpp, written with the `gguf` package.
 
 Tensor types follow llama.cpp's own tools: `bf16` is convert_hf_to_gguf's --outtype bf16 (every
-matrix BF16, norms and biases F32); `q4_0` is llama-quantize's Q4_0 (matrices and the embedding
-table Q4_0, the LM head Q6_K, or Q8_0 where a row is not a multiple of 256; a tied table is
-quantised as the head). Quantised tensors are drawn directly as random blocks in ggml's layout
+matrix BF16, norms and biases F32); `q4_0` and `q4_1` are llama-quantize's Q4_0 and Q4_1
+(matrices and the embedding table in that type, the LM head Q6_K, or Q8_0 where a row is not a
+multiple of 256; a tied table is quantised as the head); `q8_0` is its Q8_0 (every matrix Q8_0,
+the head too). Quantised tensors are drawn directly as random blocks in ggml's layout
 (ggml-common.h), never through floats, with scales chosen so that the weights they hold have a
 standard deviation near 0.02. The vocabulary is llama.cpp's "none" model: token ids without text.
 """
@@ -39,6 +40,20 @@ def q4_0_blocks(rng, n: int):
     return out
 
 
+def q4_1_blocks(rng, n: int):
+    """block_q4_1 {fp16 d; fp16 m; uint8 qs[16]}: weight = d * q + m, nibbles as Q4_0's. q is
+    drawn from 0..15 and m near -7.5 d, so that the weights are centred on zero."""
+    import numpy as np
+
+    out = np.empty((n, 20), np.uint8)
+    d = (STD / math.sqrt((16**2 - 1) / 12) * rng.uniform(0.9, 1.1, n)).astype(np.float16)
+    out[:, :2] = _fp16_bytes(d)
+    out[:, 2:4] = _fp16_bytes(-d.astype(np.float32) * rng.uniform(7.0, 8.0, n))
+    q = rng.integers(0, 16, (n, 32), dtype=np.uint8)
+    out[:, 4:] = q[:, :16] | (q[:, 16:] << 4)
+    return out
+
+
 def q8_0_blocks(rng, n: int):
     """block_q8_0 {fp16 d; int8 qs[32]}: weight = d * q."""
     import numpy as np
@@ -62,8 +77,9 @@ def q6_k_blocks(rng, n: int):
     return out
 
 
-def _plan(cfg, fmt: str):
-    """[(name, numpy shape, ggml type, kind)] of a Llama/Mistral/Qwen2 config, in file order."""
+def _plan(cfg, fmt: str, head: str | None = None):
+    """[(name, numpy shape, ggml type, kind)] of a Llama/Mistral/Qwen2 config, in file order;
+    `head` a type for the LM head (and a tied table) in place of llama-quantize's choice."""
     from gguf import GGMLQuantizationType as T
 
     h, ff, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
@@ -72,12 +88,14 @@ def _plan(cfg, fmt: str):
     hd = getattr(cfg, "head_dim", None) or h // heads
     vocab, tied = cfg.vocab_size, bool(cfg.tie_word_embeddings)
 
-    def matrix(head=False):
-        if fmt == "bf16":
-            return T.BF16
-        return (T.Q6_K if h % 256 == 0 else T.Q8_0) if head else T.Q4_0
+    def matrix(is_head=False):
+        if is_head and head is not None:
+            return T[head.upper()]
+        if fmt in ("bf16", "q8_0"):
+            return T[fmt.upper()]
+        return (T.Q6_K if h % 256 == 0 else T.Q8_0) if is_head else T[fmt.upper()]
 
-    plan = [("token_embd.weight", (vocab, h), matrix(head=tied), "matrix")]
+    plan = [("token_embd.weight", (vocab, h), matrix(is_head=tied), "matrix")]
     bias = cfg.model_type == "qwen2" or getattr(cfg, "attention_bias", False)
     for i in range(layers):
         p = f"blk.{i}."
@@ -93,7 +111,7 @@ def _plan(cfg, fmt: str):
                  (p + "ffn_down.weight", (h, ff), matrix(), "matrix")]
     plan.append(("output_norm.weight", (h,), T.F32, "norm"))
     if not tied:
-        plan.append(("output.weight", (vocab, h), matrix(head=True), "matrix"))
+        plan.append(("output.weight", (vocab, h), matrix(is_head=True), "matrix"))
     return plan
 
 
@@ -117,7 +135,8 @@ def _chunks(shape, qtype, kind, rng):
             yield ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
         else:
             block = GGML_QUANT_SIZES[qtype][0]
-            blocks = {T.Q4_0: q4_0_blocks, T.Q8_0: q8_0_blocks, T.Q6_K: q6_k_blocks}[qtype]
+            blocks = {T.Q4_0: q4_0_blocks, T.Q4_1: q4_1_blocks, T.Q8_0: q8_0_blocks,
+                      T.Q6_K: q6_k_blocks}[qtype]
             yield blocks(rng, n // block)
 
 
@@ -139,8 +158,9 @@ def tensor_bytes(shape, qtype) -> int:
     return math.prod(shape) // block * size
 
 
-def write_random_gguf(config, path: Path, fmt: str, seed: int) -> None:
-    """Writes a GGUF of `config` (a transformers config) in `fmt`."""
+def write_random_gguf(config, path: Path, fmt: str, seed: int, head: str | None = None) -> None:
+    """Writes a GGUF of `config` (a transformers config) in `fmt`; `head` (a GGML type name,
+    as llama-quantize's --output-tensor-type) overrides the LM head's type."""
     import gguf
     import numpy as np
 
@@ -156,13 +176,12 @@ def write_random_gguf(config, path: Path, fmt: str, seed: int) -> None:
     if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
         raise FloorlineError("no GGUF writer for sliding-window attention")
     theta = float(getattr(cfg, "rope_theta", None) or rope.get("rope_theta", 10000.0))
-    plan = _plan(cfg, fmt)
+    plan = _plan(cfg, fmt, head)
     heads = cfg.num_attention_heads
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"floorline random {cfg.model_type} {fmt}")
-    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_BF16 if fmt == "bf16"
-                        else gguf.LlamaFileType.MOSTLY_Q4_0))
+    w.add_file_type(int(FILE_TYPES[fmt]()))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_vocab_size(cfg.vocab_size)
     w.add_context_length(cfg.max_position_embeddings)
@@ -195,16 +214,27 @@ def write_random_gguf(config, path: Path, fmt: str, seed: int) -> None:
     w.close()
 
 
+def _file_type(name: str):
+    def value():
+        import gguf
+
+        return getattr(gguf.LlamaFileType, f"MOSTLY_{name.upper()}")
+    return value
+
+
+FORMATS = ("bf16", "q4_0", "q4_1", "q8_0")  # the files this module writes
+FILE_TYPES = {f: _file_type(f) for f in FORMATS}  # general.file_type, gguf imported when read
+
+
 def file_type(path: Path) -> str | None:
-    """`bf16` or `q4_0` for a GGUF of that general.file_type, else None."""
+    """One of FORMATS for a GGUF of that general.file_type, else None."""
     import gguf
 
     field = gguf.GGUFReader(str(path)).fields.get("general.file_type")
     if field is None:
         return None
     value = int(field.parts[field.data[0]][0])
-    return {int(gguf.LlamaFileType.MOSTLY_BF16): "bf16",
-            int(gguf.LlamaFileType.MOSTLY_Q4_0): "q4_0"}.get(value)
+    return next((f for f in FORMATS if int(FILE_TYPES[f]()) == value), None)
 
 
 def llama3_rope_factors(rope: dict, head_dim: int, theta: float):

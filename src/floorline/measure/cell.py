@@ -98,10 +98,14 @@ def prepare_cell(key: CellKey, model_spec, device: str, gpu: DeviceSpec,
     path_spec = parse_path(key.path)
     path = REGISTRY[path_spec.base]
     cell = CellResult(key, gpu.name, INVALID)
-    cell_floor = floor(model_spec, gpu, key.ctx, path.weight_format, path.kv_dtype)
-    cell.floor = cell_floor.as_dict()
     cell.details = {"seed": seed, "device": device, "peak_source": gpu.source,
                     "real_weights": path.real_weights(model_spec)}
+    try:  # a format read from the model's own file (engine-gguf) may have none to read
+        cell_floor = floor(model_spec, gpu, key.ctx, path.weight_format, path.kv_dtype)
+    except FloorlineError as e:
+        cell.reason = str(e)
+        return cell, None
+    cell.floor = cell_floor.as_dict()
     libraries = path.versions()
     if libraries:
         cell.details["libraries"] = libraries

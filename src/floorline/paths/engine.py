@@ -1,15 +1,18 @@
 """`engine`: floorline's own runtime (floorline.engine) under the measurement contract, in
 16-bit (`engine`), int4 (`engine-int4`: groups of 128 along K, or of 64 or 32 where 128 does not
 divide every matrix width) and fp8 (`engine-fp8`) weights, each also with an fp8 LM head
-(`-fp8head`) or an fp8 KV cache (`-kvfp8`). A quantised path's realised reduction is measured
-against `engine`. Each cell also records its time to first token, and an int4 cell its group
-size (its floor counts that group's scales and zero points: traffic.resolve_weight_format).
+(`-fp8head`) or an fp8 KV cache (`-kvfp8`), and a model directory's GGUF file as it stores its
+blocks (`engine-gguf`, its floor the bytes of the file's own types: traffic.engine_gguf_format).
+A quantised path's realised reduction is measured against `engine`. Each cell also records
+its time to first token, and an int4 cell its group size (its floor counts that group's scales
+and zero points: traffic.resolve_weight_format).
 With `+verifyK` each timed step is the engine's verify step of K tokens (floorline.engine
 .speculate), whose floor is the one-token step's: it reads the same weights and cache."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from floorline.paths.base import DecodePath, PathFacts, PathUnavailable, Session
 from floorline.traffic import engine_kv_format, engine_weight_format
@@ -98,8 +101,15 @@ class EnginePath(DecodePath):
         self.facts = PathFacts(
             "engine" + ("" if weights == "bf16" else f"-{weights}")
             + ("-fp8head" if head == "fp8" else "") + ("-kvfp8" if kv == "fp8" else ""),
-            engine_weight_format(weights, head), engine_kv_format(kv),
+            "engine-gguf" if weights == "gguf" else engine_weight_format(weights, head),
+            engine_kv_format(kv),
             reference="engine" if quantised else None)
+
+    def real_weights(self, model_spec) -> bool:
+        if self.weights != "gguf":
+            return model_spec.has_real_weights
+        directory = model_spec.weights_dir or Path(model_spec.name)
+        return directory.is_dir() and any(directory.glob("*.gguf"))
 
     def unavailable(self, device: str) -> str | None:
         if device.startswith("cuda"):

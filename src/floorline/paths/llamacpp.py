@@ -1,4 +1,4 @@
-"""llama.cpp through llama-cpp-python's C API: `llamacpp-bf16` and `llamacpp-q4_0`.
+"""llama.cpp through llama-cpp-python's C API: `llamacpp-bf16`, `-q4_0`, `-q4_1` and `-q8_0`.
 
 A local directory holding config.json and one .gguf file is loaded as it is; otherwise the
 model's config is written once as a GGUF of seeded random weights (layouts/gguf.py) into the
@@ -166,8 +166,9 @@ LLAMA_CPP = Library("llama_cpp", "llama-cpp-python", "llamacpp")
 
 class LlamaCppPath(DecodePath):
     FACTS = {"bf16": PathFacts("llamacpp-bf16", "gguf-bf16", "fp16", library=LLAMA_CPP),
-             "q4_0": PathFacts("llamacpp-q4_0", "gguf-q4_0", "fp16", reference="llamacpp-bf16",
-                               library=LLAMA_CPP)}
+             **{fmt: PathFacts(f"llamacpp-{fmt}", f"gguf-{fmt}", "fp16",
+                               reference="llamacpp-bf16", library=LLAMA_CPP)
+                for fmt in ("q4_0", "q4_1", "q8_0")}}
 
     def __init__(self, fmt: str):
         self.fmt = fmt

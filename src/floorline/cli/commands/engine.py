@@ -47,8 +47,9 @@ def generate_cmd(
     draft: DRAFT_OPTION = None,
     draft_tokens: DRAFT_TOKENS_OPTION = "auto",
     weights: Annotated[str | None, typer.Option(
-        help="Format of the decoder's linears: int4, fp8 or bf16; a 16-bit checkpoint is "
-             "quantised at load. Default: the checkpoint's own (AWQ/GPTQ run as int4).")] = None,
+        help="Format of the decoder's linears: int4, fp8 or bf16 (a 16-bit checkpoint is "
+             "quantised at load), or gguf: the model directory's GGUF file, its blocks and LM "
+             "head as stored. Default: the checkpoint's own (AWQ/GPTQ run as int4).")] = None,
     group_size: Annotated[int | None, typer.Option(
         help="int4's group along K: 32, 64 or 128. Default: an AWQ/GPTQ checkpoint's own, else "
              "the largest that divides every matrix width.")] = None,

@@ -16,9 +16,12 @@ One kernel serves every linear of a decode step; constexpr flags choose the fusi
 - BIAS: y += b (Qwen2's q/k/v bias).
 - SCALE: y *= s[row] (fp8 weights with one scale per output row; W is converted to fp32 as
   it is read).
+- BLOCKS: each 32 weights along a row times their own scale (GGUF Q8_0 blocks: int8 weights,
+  an fp16 scale per block, [N, K / 32]), applied to W's tile as it is read.
 Each program owns BLOCK_N rows and one K-split; W is read once, in rows of BLOCK_K elements.
 
-int4 weights (floorline.engine.quant.Int4Weight) have a kernel of their own with the same
+int4 weights (floorline.engine.quant.Int4Weight) and GGUF Q4_1 blocks (Q4_1Weight: the same
+words, a minimum per group in place of the zero point) have a kernel of their own with the same
 fusions, `_gemv_int4_kernel`, and fp8 weights a second one on the tensor cores,
 `_gemv_fp8_dots_kernel` (GemvConfig.dots): see their docstrings.
 """
@@ -34,7 +37,7 @@ import triton.language as tl
 from floorline.engine.kernels.arrival import meet_in_partials
 from floorline.engine.kernels.e4m3 import e4m3, row_powers, split_e4m3
 from floorline.engine.kernels.launch import pdl_options
-from floorline.engine.quant import Fp8Weight, Int4Weight, dense
+from floorline.engine.quant import BLOCK, Fp8Weight, Int4Weight, Q4_1Weight, Q8_0Weight, dense
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,22 @@ def _tile(w_ptr, row_base, row_ok, cols, k_hi, EVEN: tl.constexpr):
 
 
 @triton.jit
+def _scaled_blocks(w, s_ptr, rows, row_ok, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   EVEN: tl.constexpr):
+    """W's tile in fp32, each run of 32 along K times its block's scale (s [N, K / 32])."""
+    G: tl.constexpr = BLOCK_K // 32
+    g = k0 // 32 + tl.arange(0, G)
+    at = rows.to(tl.int64)[:, None] * (K // 32) + g[None, :]
+    if EVEN:
+        s = tl.load(s_ptr + at)
+    else:
+        s = tl.load(s_ptr + at, mask=row_ok[:, None] & (g < K // 32)[None, :], other=0.0)
+    s = tl.reshape(tl.broadcast_to(s.to(tl.float32)[:, :, None], (BLOCK_N, G, 32)),
+                   (BLOCK_N, BLOCK_K))
+    return w.to(tl.float32) * s
+
+
+@triton.jit
 def _block(x_ptr, w_ptr, norm_ptr, row_base, row_ok, cols, k_hi, squares, NORM: tl.constexpr,
            EVEN: tl.constexpr):
     """x's block at `cols` in fp32 and W's tile there; with NORM, x's squares added into
@@ -122,7 +141,7 @@ def _gemv_kernel(x_ptr, w_ptr, up_ptr, bias_ptr, norm_ptr, scale_ptr, up_scale_p
                  BIAS: tl.constexpr, SCALE: tl.constexpr, GELU: tl.constexpr,
                  ACCUMULATE: tl.constexpr, REDUCE: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
-                 PDL: tl.constexpr):
+                 PDL: tl.constexpr, BLOCKS: tl.constexpr):
     pid_n, pid_k, rows, row_ok, k_lo, k_hi, row_base = _program(N, K, BLOCK_N, BLOCK_K, SPLIT_K)
     if PDL:
         tl.extra.cuda.gdc_wait()
@@ -133,9 +152,13 @@ def _gemv_kernel(x_ptr, w_ptr, up_ptr, bias_ptr, norm_ptr, scale_ptr, up_scale_p
         cols = k0 + tl.arange(0, BLOCK_K)
         x, w, squares = _block(x_ptr, w_ptr, norm_ptr, row_base, row_ok, cols, k_hi, squares,
                                NORM, EVEN)
+        if BLOCKS:
+            w = _scaled_blocks(w, scale_ptr, rows, row_ok, k0, K, BLOCK_N, BLOCK_K, EVEN)
         acc += w.to(tl.float32) * x[None, :]
         if SWIGLU:
             u = _tile(up_ptr, row_base, row_ok, cols, k_hi, EVEN)
+            if BLOCKS:
+                u = _scaled_blocks(u, up_scale_ptr, rows, row_ok, k0, K, BLOCK_N, BLOCK_K, EVEN)
             acc_up += u.to(tl.float32) * x[None, :]
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -261,8 +284,10 @@ def _load_x(x_ptr, norm_ptr, at, ok, NORM: tl.constexpr, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _load_int4(w_ptr, s_ptr, z_ptr, words_at, meta_at, ok, EVEN: tl.constexpr):
-    """A tile of words, and scale (fp32) and zero point (int32) of their groups."""
+def _load_int4(w_ptr, s_ptr, z_ptr, words_at, meta_at, ok, EVEN: tl.constexpr,
+               MIN: tl.constexpr):
+    """A tile of words, and scale (fp32) and zero point (int32) of their groups; with MIN the
+    groups' minimums (fp32) in place of zero points."""
     if EVEN:
         words = tl.load(w_ptr + words_at)
         s = tl.load(s_ptr + meta_at)
@@ -271,20 +296,24 @@ def _load_int4(w_ptr, s_ptr, z_ptr, words_at, meta_at, ok, EVEN: tl.constexpr):
         words = tl.load(w_ptr + words_at, mask=ok, other=0)
         s = tl.load(s_ptr + meta_at, mask=ok, other=0.0)
         z = tl.load(z_ptr + meta_at, mask=ok, other=0)
+    if MIN:
+        return words, s.to(tl.float32), z.to(tl.float32)
     return words, s.to(tl.float32), z.to(tl.int32)
 
 
 @triton.jit
 def _load_groups(w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, words_base, meta_base, groups,
-                 g_hi, block_ok, W: tl.constexpr, SWIGLU: tl.constexpr, EVEN: tl.constexpr):
+                 g_hi, block_ok, W: tl.constexpr, SWIGLU: tl.constexpr, EVEN: tl.constexpr,
+                 MIN: tl.constexpr):
     """The gate's (or only) tile of `groups` and, with SWIGLU, the up matrix's (else the gate's
     again, unread)."""
     ok = (groups < g_hi) & block_ok
     words_at = words_base + groups * (W * 4)
     meta_at = meta_base + groups * 4
-    words, s, z = _load_int4(w_ptr, s_ptr, z_ptr, words_at, meta_at, ok, EVEN)
+    words, s, z = _load_int4(w_ptr, s_ptr, z_ptr, words_at, meta_at, ok, EVEN, MIN)
     if SWIGLU:
-        words_up, s_up, z_up = _load_int4(up_ptr, up_s_ptr, up_z_ptr, words_at, meta_at, ok, EVEN)
+        words_up, s_up, z_up = _load_int4(up_ptr, up_s_ptr, up_z_ptr, words_at, meta_at, ok, EVEN,
+                                          MIN)
     else:
         words_up, s_up, z_up = words, s, z
     return words, s, z, words_up, s_up, z_up
@@ -363,10 +392,17 @@ def _dots(words, i0, i1, i2, i3, i4, i5, i6, i7, ASM: tl.constexpr):
 
 
 @triton.jit
-def _group_sums(d, unscale, s, z, i_sum, acc):
+def _group_sums(d, unscale, s, z, i_sum, acc, MIN: tl.constexpr):
     """acc + s unscale sum (q - z) i per group and row, from the words' dots d
     ([GROUPS, CH, RB, WORDS, 4]: row 4b + r of block b), the chunk's unscale, scales and zero
-    points ([GROUPS, 1, RB, 1, 4]) and the integers' sums; the sum of (q - z) i is exact."""
+    points ([GROUPS, 1, RB, 1, 4]) and the integers' sums; the sum of (q - z) i is exact. With
+    MIN, z is the group's minimum m and the sum is unscale (s sum q i + m sum i): each sum exact
+    in int32 and in fp32 (a chunk is at most 32 weights of q < 16 and |i| < 2^14)."""
+    if MIN:
+        dots = tl.sum(d, axis=3).to(tl.float32)
+        sums = tl.sum(i_sum, axis=3).to(tl.float32)
+        return acc + tl.sum(unscale, axis=3) * (tl.sum(s, axis=3) * dots
+                                                + tl.sum(z, axis=3) * sums)
     exact = tl.sum(d, axis=3) - tl.sum(z, axis=3) * tl.sum(i_sum, axis=3)
     return acc + tl.sum(s, axis=3) * tl.sum(unscale, axis=3) * exact.to(tl.float32)
 
@@ -374,17 +410,17 @@ def _group_sums(d, unscale, s, z, i_sum, acc):
 @triton.jit
 def _tile_sums(x_ptr, norm_ptr, groups, g_ok, position, tile, acc, acc_up, squares,
                W: tl.constexpr, GROUP: tl.constexpr, NORM: tl.constexpr, SWIGLU: tl.constexpr,
-               EVEN: tl.constexpr, ASM: tl.constexpr):
+               EVEN: tl.constexpr, ASM: tl.constexpr, MIN: tl.constexpr):
     """A loaded tile of `groups` (g_ok: those within the split) multiplied into the sums."""
     words, s, z, words_up, s_up, z_up = tile
     x_at = groups * GROUP + position  # [GROUPS, CH, 1, WORDS, 1]
     i0, i1, i2, i3, i4, i5, i6, i7, unscale, i_sum, squares = _x_integers(
         x_ptr, norm_ptr, x_at, W, g_ok, squares, NORM, EVEN)
     d = _dots(words, i0, i1, i2, i3, i4, i5, i6, i7, ASM)
-    acc = _group_sums(d, unscale, s, z, i_sum, acc)
+    acc = _group_sums(d, unscale, s, z, i_sum, acc, MIN)
     if SWIGLU:
         d = _dots(words_up, i0, i1, i2, i3, i4, i5, i6, i7, ASM)
-        acc_up = _group_sums(d, unscale, s_up, z_up, i_sum, acc_up)
+        acc_up = _group_sums(d, unscale, s_up, z_up, i_sum, acc_up, MIN)
     return acc, acc_up, squares
 
 
@@ -395,7 +431,8 @@ def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bi
                       REDUCE: tl.constexpr, BLOCK_N: tl.constexpr,
                       GROUPS: tl.constexpr, GROUP: tl.constexpr, WORDS: tl.constexpr,
                       SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
-                      PDL: tl.constexpr, GELU: tl.constexpr, ASM: tl.constexpr):
+                      PDL: tl.constexpr, GELU: tl.constexpr, ASM: tl.constexpr,
+                      MIN: tl.constexpr):
     """int4 weights in floorline.engine.quant's layout. A program owns BLOCK_N rows (RB =
     BLOCK_N / 4 blocks of four interleaved rows) and reads GROUPS groups of them per iteration
     as a [GROUPS, CH, RB, WORDS, 4] tile of words: the group's W = GROUP / 8 word positions in
@@ -409,7 +446,8 @@ def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bi
     group are exact integer arithmetic (_dots: two dp2a instructions per four weights);
     per group and row they go to fp32, where s unscale sum (q - z) i adds into the row's sum.
     K_WORDS is K / 8, an argument so that Triton sees its divisibility and loads 16 bytes at a
-    time; EVEN: no masks (whole blocks and splits); ASM: the dots in PTX (_dots)."""
+    time; EVEN: no masks (whole blocks and splits); ASM: the dots in PTX (_dots); MIN: GGUF Q4_1
+    blocks, z_ptr the groups' fp16 minimums (W = s q + m) in place of zero points."""
     RB: tl.constexpr = BLOCK_N // 4
     W: tl.constexpr = GROUP // 8
     CH: tl.constexpr = W // WORDS
@@ -435,18 +473,19 @@ def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bi
     # (measured on the H200: notebook/2026-12-04-int4-kernel-genealogy.md).
     groups = g_lo + g_i
     tile = _load_groups(w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, words_base, meta_base,
-                        groups, g_hi, block_ok, W, SWIGLU, EVEN)
+                        groups, g_hi, block_ok, W, SWIGLU, EVEN, MIN)
     if PDL:
         tl.extra.cuda.gdc_wait()
     acc, acc_up, squares = _tile_sums(x_ptr, norm_ptr, groups, groups < g_hi, position, tile,
-                                      acc, acc_up, squares, W, GROUP, NORM, SWIGLU, EVEN, ASM)
+                                      acc, acc_up, squares, W, GROUP, NORM, SWIGLU, EVEN, ASM,
+                                      MIN)
     for g0 in range(g_lo + GROUPS, g_hi, GROUPS):
         groups = g0 + g_i
         tile = _load_groups(w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, words_base,
-                            meta_base, groups, g_hi, block_ok, W, SWIGLU, EVEN)
+                            meta_base, groups, g_hi, block_ok, W, SWIGLU, EVEN, MIN)
         acc, acc_up, squares = _tile_sums(x_ptr, norm_ptr, groups, groups < g_hi, position,
                                           tile, acc, acc_up, squares, W, GROUP, NORM, SWIGLU,
-                                          EVEN, ASM)
+                                          EVEN, ASM, MIN)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     y = tl.reshape(tl.sum(tl.sum(acc, axis=1), axis=0), (BLOCK_N,))
@@ -464,8 +503,9 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
          accumulate: bool = False, act: str = "silu",
          partials: SplitPartials | None = None) -> None:
     """out = W x (or out += W x): see the module docstring for the fusions. W is a 16-bit
-    tensor, an Fp8Weight or an Int4Weight (`up` in the same format); for int4, block_k is the K
-    elements a program reads per iteration, a power-of-two number of whole groups. `act` is
+    tensor, an Fp8Weight, an Int4Weight or GGUF blocks (Q4_1Weight, Q8_0Weight; `up` in the
+    same format); for int4 and Q4_1, block_k is the K elements a program reads per iteration,
+    a power-of-two number of whole groups; for Q8_0 a multiple of its blocks of 32. `act` is
     the gate's activation where `up` is given. A K-split of a product that does not simply
     accumulate meets in `partials`."""
     n, k = w.shape
@@ -492,7 +532,7 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
                     else (out, out))  # unread without REDUCE
     if config.dots and not isinstance(w, Fp8Weight):
         raise ValueError("dots: the tensor-core GEMV takes fp8 weights only")
-    if isinstance(w, Int4Weight):
+    if isinstance(w, (Int4Weight, Q4_1Weight)):
         groups = config.block_k // w.group_size
         if groups < 1 or groups & (groups - 1) or config.block_k % w.group_size:
             raise ValueError(f"block_k {config.block_k} is not a power-of-two number of groups "
@@ -504,12 +544,14 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
             raise ValueError(f"words {config.words}: a power of two that divides a group's "
                              f"{positions} word positions")
         u = w if up is None else up
+        minimum = isinstance(w, Q4_1Weight)
+        zeros, up_zeros = (w.mins, u.mins) if minimum else (w.zeros, u.zeros)
         even = n % config.block_n == 0 and (k // w.group_size) % (config.split_k * groups) == 0
         _gemv_int4_kernel[grid](
-            x, w.qweight, w.scales, w.zeros, u.qweight, u.scales, u.zeros,
+            x, w.qweight, w.scales, zeros, u.qweight, u.scales, up_zeros,
             w.scales if bias is None else bias, w.scales if norm is None else norm, out, sums,
             counts, n, k, k // 8, eps, GROUPS=groups, GROUP=w.group_size,
-            WORDS=config.words, EVEN=even, ASM=x.is_cuda, **flags,
+            WORDS=config.words, EVEN=even, ASM=x.is_cuda, MIN=minimum, **flags,
             **pdl_options(x))
         return
     scale = up_scale = None
@@ -524,15 +566,19 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
             w.scale if norm is None else norm, w.scale, u.scale, out, sums, counts, n, k, eps,
             BLOCK_K=config.block_k, EVEN=even, EXACT=not x.is_cuda, **flags, **pdl_options(x))
         return
-    if isinstance(w, Fp8Weight):
-        w, scale = w.weight, w.scale
+    blocks = isinstance(w, Q8_0Weight)
+    if blocks and config.block_k % BLOCK:
+        raise ValueError(f"block_k {config.block_k}: Q8_0 tiles hold whole blocks of {BLOCK}")
+    if isinstance(w, (Fp8Weight, Q8_0Weight)):
+        w, scale = (w.weight, w.scale) if isinstance(w, Fp8Weight) else (w.qweight, w.scales)
         if up is not None:
-            up, up_scale = up.weight, up.scale
+            up, up_scale = (up.weight, up.scale) if isinstance(up, Fp8Weight) else (up.qweight,
+                                                                                   up.scales)
     _gemv_kernel[grid](
         x, w, w if up is None else up, w if bias is None else bias, w if norm is None else norm,
         w if scale is None else scale, w if up_scale is None else up_scale, out, sums, counts,
-        n, k, eps,
-        SCALE=scale is not None, BLOCK_K=config.block_k, EVEN=even, **flags, **pdl_options(x))
+        n, k, eps, SCALE=scale is not None and not blocks, BLOCKS=blocks,
+        BLOCK_K=config.block_k, EVEN=even, **flags, **pdl_options(x))
 
 
 def gemv_reference(x, w, out, *, config=None, norm=None, eps: float = 0.0, up=None, bias=None,
