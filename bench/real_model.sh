@@ -3,8 +3,9 @@
 # into one database: every engine format and transformers' paths that run on this machine.
 #   bash bench/real_model.sh quality   perplexity (8192 tokens of the evaluation text, windows of
 #                                      1024), KL from float32 and greedy agreement, per path
-#   bash bench/real_model.sh longctx   the same at the model's long context: one window of 8192
-#                                      tokens, the fp8 KV cache beside the 16-bit one
+#   bash bench/real_model.sh longctx   the same at the model's long context: two windows of 8190
+#                                      tokens (the most below its 8192 positions), the fp8 KV cache
+#                                      beside the 16-bit one
 #   bash bench/real_model.sh speed     decode cells at ctx 512 and 4096 (CTX) of the same paths (on a
 #                                      GPU, transformers' graphed path too; SPEED_PATHS names others)
 #   bash bench/real_model.sh demo      the CPU demo's sweep of it (ctx 128 and 512; hf-eager, hf-static
@@ -25,11 +26,13 @@ DEVICE=${DEVICE:-$(python3 -c "import torch; print('cuda' if torch.cuda.is_avail
 DB=${DB:-bench/results/${DEVICE}-smollm2/${DEVICE}_smollm2.db}
 mkdir -p "$(dirname "$DB")"
 MODEL=smollm2-135m
-ENGINE=engine,engine-int4,engine-fp8,engine-fp8head,engine-kvfp8,engine-int4-fp8head,engine-int4-kvfp8,engine-fp8-kvfp8
-PATHS=${PATHS:-hf-eager,$ENGINE}
+ENGINE=engine,engine-int4,engine-fp8,engine-fp8head,engine-kvfp8,engine-int4-fp8head,engine-int4-kvfp8,engine-fp8-kvfp8,engine-gguf
+# the model's GGUF file as stored, by the engine (above) and by llama.cpp where it is installed
+LLAMA_CPP=$(python3 -c "import importlib.util as u; print(',llamacpp-q4_1' if u.find_spec('llama_cpp') else '')")
+PATHS=${PATHS:-hf-eager,$ENGINE$LLAMA_CPP}
 
 quality() { fl quality --models $MODEL --paths "$PATHS" --tokens 8192 --window 1024 --device "$DEVICE" --db "$DB"; }
-longctx() { fl quality --models $MODEL --paths engine,engine-kvfp8 --tokens 8192 --window 8192 --device "$DEVICE" --db "$DB"; }
+longctx() { fl quality --models $MODEL --paths engine,engine-kvfp8 --tokens 16380 --window 8190 --device "$DEVICE" --db "$DB"; }
 speed() {
   local paths=$PATHS
   [[ $DEVICE == cuda ]] && paths=${SPEED_PATHS:-hf-eager,hf-static+graphs,$ENGINE}

@@ -3,6 +3,7 @@ between runs in floorline's cache), its conversion against transformers' own GGU
 the engine's answers against transformers' on real prompts."""
 
 import copy
+import importlib.util
 import json
 import os
 import zipfile
@@ -14,6 +15,7 @@ from conftest import user_cache
 from floorline.errors import FloorlineError
 from floorline.measure.texts import PROMPTS
 from floorline.models import fetch, resolve_model
+from floorline.store import Store
 
 NAME = "smollm2-135m"
 PACKAGED = fetch.PACKAGED[NAME]
@@ -243,6 +245,40 @@ def test_generate_answers_by_the_models_name(cli, smollm2):
                    "float32", "--max-new-tokens", "16", check=True, env=env)
     assert "Paris" in done.stdout
     assert "of the floor" in done.stderr
+
+
+def test_the_cpu_demo_runs_the_file_as_stored_beside_the_checkpoint(smollm2):
+    from floorline.measure.sweep import default_grid
+
+    with user_cache():
+        grid = default_grid("cpu")
+    llama_cpp = importlib.util.find_spec("llama_cpp") is not None
+    assert grid.models == (NAME,)
+    assert grid.paths == ("hf-eager", "hf-static", "engine", "engine-gguf") + (
+        ("llamacpp-q4_1",) if llama_cpp else ())
+
+
+def test_the_file_as_stored_and_llama_cpp_on_the_same_tokens(cli, smollm2, tmp_path):
+    """The quality of the GGUF file run as stored by the engine, and by llama.cpp where it is
+    installed, on the same windows of the same text: the engine's within bf16 arithmetic of the
+    float32 model (the file's own values), llama.cpp's within its 8-bit rounding of x."""
+    paths = ["engine-gguf"] + (["llamacpp-q4_1"] if importlib.util.find_spec("llama_cpp")
+                               else [])
+    db = tmp_path / "q.db"
+    with user_cache() as env:
+        cli("quality", "--models", NAME, "--paths", ",".join(paths), "--tokens", "1024",
+            "--window", "512", "--device", "cpu", "--db", db, check=True, env=env)
+    rows = {r.path: r for r in Store(db, read_only=True).quality_rows()}
+    assert set(rows) == set(paths)
+    windows = {p: r.details["windows"] for p, r in rows.items()}
+    for path, row in rows.items():
+        assert row.status == "valid", row.reason
+        assert len(windows[path]["path_nll"]) == 2  # two windows of 512
+    # the same tokens scored: the float32 reference's losses are the same for both
+    assert len({tuple(w["reference_nll"]) for w in windows.values()}) == 1
+    assert rows["engine-gguf"].kl < 1e-3
+    if "llamacpp-q4_1" in rows:
+        assert rows["llamacpp-q4_1"].kl < 1e-2
 
 
 @pytest.mark.parametrize("args, message", [

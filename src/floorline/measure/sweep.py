@@ -16,7 +16,7 @@ from floorline.measure.speculation import run_speculation_in_child
 from floorline.models import resolve_model
 from floorline.models.fetch import fetched_dir
 from floorline.models.zoo import DEMO_MODEL, DEMO_MODELS, STUDY_MODELS
-from floorline.paths import parse_path
+from floorline.paths import REGISTRY, parse_path
 from floorline.records import (
     CellKey,
     CellResult,
@@ -30,6 +30,8 @@ from floorline.store import CellRow, QualityRow, SpeculationRow, Store
 STUDY_CONTEXTS = (2048, 4096, 8192, 16384)
 DEMO_CONTEXTS = (128, 512)
 DEMO_PATHS = ("hf-eager", "hf-static", "engine")
+# the trained model's own GGUF file as stored: the engine's, and llama.cpp's where it is installed
+DEMO_FILE_PATHS = ("engine-gguf", "llamacpp-q4_1")
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,13 @@ class Grid:
 
 def default_grid(device: str) -> Grid:
     """The study's grid on a GPU; elsewhere the CPU demo through the same pipeline: the trained
-    model where it has been fetched (`floorline models fetch`), else the tiny configs."""
+    model where it has been fetched (`floorline models fetch`), its GGUF file as stored beside
+    the checkpoint, else the tiny configs."""
     if device.startswith("cuda"):
         return Grid(STUDY_MODELS, STUDY_CONTEXTS, ("hf-eager",))
     if fetched_dir(DEMO_MODEL) is not None:
-        return Grid((DEMO_MODEL,), DEMO_CONTEXTS, DEMO_PATHS)
+        return Grid((DEMO_MODEL,), DEMO_CONTEXTS, DEMO_PATHS + tuple(
+            p for p in DEMO_FILE_PATHS if REGISTRY[p].unavailable(device) is None))
     return Grid(DEMO_MODELS, DEMO_CONTEXTS, DEMO_PATHS)
 
 

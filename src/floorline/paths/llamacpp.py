@@ -122,14 +122,15 @@ class LlamaCppSession(Session):
         self.position = 0
         self.token = None
 
-    def _decode(self, tokens) -> int:
-        """Feeds `tokens` at the next positions; returns the greedy next token."""
+    def _feed(self, tokens, every: bool = False) -> None:
+        """Feeds `tokens` at the next positions, asking for the last one's logits (`every`:
+        each one's)."""
         import numpy as np
 
         n = len(tokens)
         self.tokens[:n] = tokens
         self.positions[:n] = np.arange(self.position, self.position + n)
-        self.wants_logits[:n] = 0
+        self.wants_logits[:n] = 1 if every else 0
         self.wants_logits[n - 1] = 1
         self.batch.n_tokens = n
         code = self.L.llama_decode(self.ctx, self.batch)
@@ -137,9 +138,35 @@ class LlamaCppSession(Session):
             raise RuntimeError(f"llama_decode returned {code} at position {self.position}")
         self.position += n
         self.L.llama_synchronize(self.ctx)
-        logits = np.ctypeslib.as_array(self.L.llama_get_logits_ith(self.ctx, n - 1),
-                                       shape=(self.vocab,))
-        return int(logits.argmax())
+
+    def _logits(self, i: int):
+        """The logits of the i-th token of the last batch fed."""
+        import numpy as np
+
+        return np.ctypeslib.as_array(self.L.llama_get_logits_ith(self.ctx, i),
+                                     shape=(self.vocab,))
+
+    def _decode(self, tokens) -> int:
+        """Feeds `tokens` at the next positions; returns the greedy next token."""
+        self._feed(tokens)
+        return int(self._logits(len(tokens) - 1).argmax())
+
+    def window_logits(self, ids):
+        """llama.cpp's logits at every position of `ids`, from position 0 of a cleared cache,
+        as it computes them from the file's blocks."""
+        import numpy as np
+        import torch
+
+        self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), True)
+        self.position = 0
+        ids = ids.view(-1).tolist()
+        out = np.empty((len(ids), self.vocab), np.float32)
+        for start in range(0, len(ids), N_BATCH):
+            chunk = ids[start:start + N_BATCH]
+            self._feed(chunk, every=True)
+            for i in range(len(chunk)):
+                out[start + i] = self._logits(i)
+        return torch.from_numpy(out)
 
     def prefill(self, ctx: int) -> None:
         import numpy as np
