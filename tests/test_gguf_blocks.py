@@ -121,8 +121,11 @@ def test_the_kernels_step_the_file_as_the_reference_does(tmp_path, fmt):
     for _ in range(3):
         kernels.step()
         reference.step()
-        assert kernels.token.item() == reference.token.item()
         assert relative_error(kernels.logits, reference.logits) < 2e-2
+        top2 = reference.logits.float().topk(2).values
+        if top2[0] - top2[1] > 0.05:  # not a near-tie, which bf16 sums may break either way
+            assert kernels.token.item() == reference.token.item()
+        kernels.seek(kernels.filled, reference.token.view(1))  # the same token next
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
