@@ -1,14 +1,15 @@
 """Instructions per weight in the int4 GEMV's inner loop, read from the code Triton compiles for
 Hopper (sm_90), on any machine: no GPU is needed, only Triton's bundled ptxas and cuobjdump.
 
-    python bench/engine_int4_sass.py [--json out.json]
+    python bench/engine_int4_sass.py [--json out.json] [--q4_1]
 
 For each launch shape of the tuning table, the kernel is compiled as the engine launches it
 (divisibility of the sizes as Triton's launcher sees it), its loop (the body of the backward
 branch) disassembled, and its instructions counted against the weights one thread reads per
 iteration (tile words / threads x 8, doubled for the gate/up pair), with the registers a thread
 uses and the bytes it spills. --grid compiles every tile that fills its threads, not only the
-tuning table's.
+tuning table's; --q4_1 the kernel as GGUF Q4_1 blocks run it (groups of 32 with fp16 minimums,
+four times the groups of 128 per tile, the same K).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ POINTERS = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8",
             "up_s_ptr": "*fp16", "up_z_ptr": "*u8", "bias_ptr": "*bf16", "norm_ptr": "*bf16",
             "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32"}
 CONSTEXPRS = ("NORM", "SWIGLU", "GELU", "BIAS", "ACCUMULATE", "REDUCE", "BLOCK_N", "GROUPS",
-              "GROUP", "WORDS", "SPLIT_K", "EVEN", "PDL", "ASM")
+              "GROUP", "WORDS", "SPLIT_K", "EVEN", "PDL", "ASM", "MIN")
 
 
 def cuobjdump(cubin: bytes, flag: str) -> str:
@@ -75,22 +76,28 @@ def opcode(instruction: str) -> str:
     return re.sub(r"^@!?P\d+ ", "", instruction).split()[0].split(".")[0]
 
 
-def compile_loop(block_n: int, groups: int, warps: int, words: int, norm_swiglu: bool) -> dict:
-    signature = {**POINTERS, "N": "i32", "K": "i32", "K_WORDS": "i32", "eps": "fp32",
+def compile_loop(block_n: int, groups: int, warps: int, words: int, norm_swiglu: bool,
+                 q4_1: bool = False) -> dict:
+    pointers = {**POINTERS, **({"z_ptr": "*fp16", "up_z_ptr": "*fp16"} if q4_1 else {})}
+    signature = {**pointers, "N": "i32", "K": "i32", "K_WORDS": "i32", "eps": "fp32",
                  **{c: "constexpr" for c in CONSTEXPRS}}
+    group = 32 if q4_1 else 128
+    if q4_1:  # the same K a tile: four groups of 32 for each of 128; 4 word positions a group
+        groups, words = groups * 4, min(words, 4)
     if norm_swiglu:
         signature["x_ptr"] = "*fp32"  # the fp32 residual stream
     divisible = [*POINTERS, "N", "K", "K_WORDS"]
     attrs = {(_gemv_int4_kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in divisible}
     constexprs = dict(NORM=norm_swiglu, SWIGLU=norm_swiglu, GELU=False, BIAS=False,
                       ACCUMULATE=False, REDUCE=False, BLOCK_N=block_n, GROUPS=groups,
-                      GROUP=128, WORDS=words, SPLIT_K=1, EVEN=True, PDL=True, ASM=True)
+                      GROUP=group, WORDS=words, SPLIT_K=1, EVEN=True, PDL=True, ASM=True,
+                      MIN=q4_1)
     src = ASTSource(fn=_gemv_int4_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=warps, num_stages=3))
     body = loop_body(kernel.asm["cubin"])
     ops = collections.Counter(opcode(t) for t in body)
-    weights = block_n * groups * 16 / (warps * 32) * 8 * (2 if norm_swiglu else 1)
+    weights = block_n * groups * group // 8 / (warps * 32) * 8 * (2 if norm_swiglu else 1)
     registers, stack = resource_usage(kernel.asm["cubin"])
     return {"block_n": block_n, "groups": groups, "warps": warps, "words": words,
             "registers": registers, "spilled_bytes": stack,
@@ -108,13 +115,15 @@ GRID = [(bn, g, w, v) for bn in (8, 16) for g in (4, 8) for w in (1, 2)
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
+    parser.add_argument("--q4_1", action="store_true",
+                        help="the kernel as GGUF Q4_1 blocks run it")
     parser.add_argument("--grid", action="store_true",
                         help="every tile whose (group, chunk) positions fill the threads, not only "
                              "the tuning table's")
     args = parser.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)
     shapes = GRID if args.grid else INT4_SHAPES
-    rows = [compile_loop(bn, g, w, v, fused) for fused in (False, True)
+    rows = [compile_loop(bn, g, w, v, fused, args.q4_1) for fused in (False, True)
             for bn, g, w, v in shapes]
     print(f"{'block_n':>7} {'groups':>6} {'warps':>5} {'words':>5} "
           f"{'norm+swiglu':>11} {'regs':>4} {'spill':>5} {'loop':>5} {'weights':>7} "

@@ -69,14 +69,14 @@ def shipped_config(name: str) -> dict:
     return json.loads((CONFIGS / f"{name}.json").read_text())
 
 
-def compile_for_hopper(script: str) -> list[str]:
-    """The lines a bench/ script that compiles kernels for sm_90 prints, run in a fresh
-    interpreter without Triton's interpreter (its own ptxas; no GPU needed)."""
+def compile_for_hopper(script: str, *args: str) -> list[str]:
+    """The lines a bench/ script that compiles kernels for sm_90 prints (given `args`), run in
+    a fresh interpreter without Triton's interpreter (its own ptxas; no GPU needed)."""
     bench = Path(__file__).parents[1] / "bench"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(bench.parent / "src")
-    proc = subprocess.run([sys.executable, script], cwd=bench, env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run([sys.executable, script, *args], cwd=bench, env=env,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout.splitlines()
 

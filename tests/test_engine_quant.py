@@ -537,12 +537,23 @@ def test_the_tensor_core_gemv_compiles_for_hopper():
             re.search(r"async copies +(\d+)", line).group(1)) > 0, line
 
 
+def test_the_q4_1_gemv_compiles_for_hopper():
+    # Triton's compiler, unlike its interpreter, goes on past a return nested in an if: the
+    # GPU's build of the Q4_1 kernel checked on any machine, every tuned tile, none spilling
+    from conftest import compile_for_hopper
+
+    lines = compile_for_hopper("engine_int4_sass.py", "--q4_1")[1:]
+    assert len(lines) == 12  # 6 tiles, plain and with the norm and the gated pair
+    for line in lines:
+        assert line.split()[6] == "0", line  # bytes spilled
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "int4", "fp8", "q4_1", "q8_0"])
 def test_tuning_draws_weights_of_the_same_shape_and_bytes(fmt):
     from floorline.engine.tuning import random_like
 
     w = (_blocks(fmt, 48, 256, 0) if fmt in ("q4_1", "q8_0")
          else quant.quantise(torch.randn(48, 256, dtype=torch.bfloat16), fmt))
-    other = random_like(w, torch.Generator().manual_seed(0))
+    other = random_like(w, torch.Generator(device=w.device).manual_seed(0))
     assert type(other) is type(w) and other.shape == w.shape
     assert quant.nbytes(other) == quant.nbytes(w)

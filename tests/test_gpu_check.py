@@ -105,14 +105,18 @@ def test_errors(broken):
     pass
 
 def test_hangs():
-    time.sleep(30)
+    time.sleep(600)
 
 def test_after_the_hang():
     pass
 '''
 
 
-@pytest.mark.parametrize("test_timeout, limit", [(2, 60), (60, 8)], ids=["test-limit", "cut-off"])
+# The hang outlasts the cut-off and both signals' grace (on a 16-core GPU host running the suite,
+# a planted hang of 30 s cut off at 8 s ran to its end within SIGINT's 30 s of grace and passed);
+# the cut-off at 20 s leaves a loaded host time to start the tests before it.
+@pytest.mark.parametrize("test_timeout, limit", [(2, 60), (60, 20)],
+                         ids=["test-limit", "cut-off"])
 def test_a_stage_names_every_failure_and_what_did_not_finish(tmp_path, test_timeout, limit):
     tests = tmp_path / "test_planted.py"
     tests.write_text(STAGE_TESTS)
@@ -125,7 +129,7 @@ def test_a_stage_names_every_failure_and_what_did_not_finish(tmp_path, test_time
              for words in (line.split() for line in lines[1:])]
     assert ["failed", "test_planted.py::test_fails"] in named
     assert ["error", "test_planted.py::test_errors"] in named
-    if limit == 8:
+    if limit == 20:
         assert lines[0].startswith("suite planted: FAIL 1 failed, 1 error, 1 unfinished, "
                                    "1 passed, 1 not run (")
         assert lines[0].endswith(", cut off at the stage's limit)")

@@ -296,9 +296,11 @@ def _load_int4(w_ptr, s_ptr, z_ptr, words_at, meta_at, ok, EVEN: tl.constexpr,
         words = tl.load(w_ptr + words_at, mask=ok, other=0)
         s = tl.load(s_ptr + meta_at, mask=ok, other=0.0)
         z = tl.load(z_ptr + meta_at, mask=ok, other=0)
+    # both returns in branches: Triton compiles the code after a return nested in an if
     if MIN:
         return words, s.to(tl.float32), z.to(tl.float32)
-    return words, s.to(tl.float32), z.to(tl.int32)
+    else:
+        return words, s.to(tl.float32), z.to(tl.int32)
 
 
 @triton.jit
@@ -403,8 +405,9 @@ def _group_sums(d, unscale, s, z, i_sum, acc, MIN: tl.constexpr):
         sums = tl.sum(i_sum, axis=3).to(tl.float32)
         return acc + tl.sum(unscale, axis=3) * (tl.sum(s, axis=3) * dots
                                                 + tl.sum(z, axis=3) * sums)
-    exact = tl.sum(d, axis=3) - tl.sum(z, axis=3) * tl.sum(i_sum, axis=3)
-    return acc + tl.sum(s, axis=3) * tl.sum(unscale, axis=3) * exact.to(tl.float32)
+    else:
+        exact = tl.sum(d, axis=3) - tl.sum(z, axis=3) * tl.sum(i_sum, axis=3)
+        return acc + tl.sum(s, axis=3) * tl.sum(unscale, axis=3) * exact.to(tl.float32)
 
 
 @triton.jit
