@@ -521,15 +521,21 @@ class _Chunk:
         dtype = self.d.w.dtype
         if norm is not None:
             x = _rms_norm(x, norm, eps)
-        y = _linear(x, w, bias, dtype)
+        y = _linear(x, self._unpacked(w), bias, dtype)
         if up is not None:  # the gated MLP's, stored
             gate = (torch.nn.functional.silu(y) if act == "silu"
                     else torch.nn.functional.gelu(y, approximate="tanh"))
-            torch.mul(gate, _linear(x, up, None, dtype), out=out)
+            torch.mul(gate, _linear(x, self._unpacked(up), None, dtype), out=out)
         elif accumulate:
             out.add_(y)
         else:
             out.copy_(y)
+
+    def _unpacked(self, w):
+        """A quantised W's float32 form where the step's ops keep one (the CPU's, made once: not
+        unpacked again for every chunk of every prompt); else W as it is stored."""
+        keeps = getattr(self.d.ops, "dense", None)
+        return w if keeps is None or isinstance(w, torch.Tensor) else keeps(w)
 
     def attention(self, i: int, layer) -> None:
         d, c, m, dtype = self.d, self.d.config, self.rows.m, self.d.w.dtype
