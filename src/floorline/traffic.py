@@ -397,9 +397,16 @@ def kv_bytes(config, ctx: int, kv_dtype: str) -> int:
     return sum(per_token * ((ctx if w is None else min(ctx, w)) + 1) for w in windows)
 
 
-def resolve_weight_format(name: str, counts: ParamCounts) -> str:
+# Weight formats a path names that stand for another, resolved per model (resolve_weight_format)
+RESOLVED_FORMATS = ("engine-gguf",)
+
+
+def resolve_weight_format(name: str, model_spec: ModelSpec, counts: ParamCounts) -> str:
     """`name`, or for engine-int4 (the engine's automatic group) the format of the group it
-    picks for the model whose linears `counts` holds."""
+    picks for the model whose linears `counts` holds, and for engine-gguf the format of the
+    model's GGUF file (engine_gguf_format)."""
+    if name == "engine-gguf":
+        return engine_gguf_format(model_spec)
     if name not in ("engine-int4", "engine-int4-fp8head"):
         return name
     group = engine_int4_group({i for _, i in counts.linear_shapes})
@@ -414,15 +421,13 @@ def engine_kv_format(kv: str, dtype_format: str = "bf16") -> str:
 
 def floor(model_spec: ModelSpec, gpu: DeviceSpec, ctx: int, weight_format: str = "bf16",
           kv_dtype: str = "bf16") -> Floor:
-    if weight_format not in WEIGHT_FORMATS and weight_format != "engine-gguf":
+    if weight_format not in WEIGHT_FORMATS and weight_format not in RESOLVED_FORMATS:
         raise FloorlineError(f"unknown weight format '{weight_format}'; known: "
                              f"{', '.join(WEIGHT_FORMATS)}")
     if kv_dtype not in KV_FORMATS:
         raise FloorlineError(f"unknown KV dtype '{kv_dtype}'; known: {', '.join(KV_FORMATS)}")
     counts = count_parameters(model_spec)
-    if weight_format == "engine-gguf":
-        weight_format = engine_gguf_format(model_spec)
-    weight_format = resolve_weight_format(weight_format, counts)
+    weight_format = resolve_weight_format(weight_format, model_spec, counts)
     fmt = WEIGHT_FORMATS[weight_format]
     w = weight_bytes(counts, fmt)
     kv = kv_bytes(model_spec.text, ctx, kv_dtype)

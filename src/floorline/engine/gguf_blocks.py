@@ -26,7 +26,13 @@ import torch
 from floorline.engine import quant
 from floorline.engine.weights import DecoderWeights, from_named
 from floorline.errors import FloorlineError
-from floorline.models.gguf_checkpoint import hf_name, open_gguf, unpermute_rotary
+from floorline.models.gguf_checkpoint import (
+    decoded,
+    hf_name,
+    open_gguf,
+    rotary_heads,
+    unpermute_rotary,
+)
 
 BLOCK_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # run as stored
 DENSE_TYPES = ("F32", "F16", "BF16")  # held in the 16-bit dtype
@@ -72,15 +78,12 @@ def block_weight(raw: np.ndarray, type_name: str, name: str, heads: int | None =
 def load_gguf(path: Path, config, device, dtype) -> DecoderWeights:
     """The engine's weights from a Llama-architecture GGUF file (`config`: its DecoderConfig),
     each matrix as stored (module docstring), on `device`."""
-    from gguf.quants import dequantize
-
     reader = open_gguf(path)
     by_name = {}
     for t in reader.tensors:
         name = hf_name(t.name)
         if name is not None:
             by_name[name] = t
-    heads = {"q_proj": config.heads, "k_proj": config.kv_heads}
 
     def tensor(name):
         t = by_name.get(name)
@@ -89,30 +92,18 @@ def load_gguf(path: Path, config, device, dtype) -> DecoderWeights:
                                  "Llama-architecture GGUF files)")
         return t
 
-    def stored(name, t):
-        """The tensor's values as floats, shaped as Hugging Face's [out, in]."""
-        try:
-            w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        except NotImplementedError:
-            raise FloorlineError(f"{path}: tensor '{t.name}' is of type {t.tensor_type.name}, "
-                                 "which gguf-py cannot decode") from None
-        w = w.reshape(tuple(int(d) for d in reversed(t.shape)))
-        kind = name.split(".")[-2]
-        if kind in heads:
-            w = unpermute_rotary(w, heads[kind])
-        return torch.from_numpy(np.array(w, dtype=np.float32))
-
     def get(name):
-        return stored(name, tensor(name))
+        """The tensor's values as floats, shaped as Hugging Face's [out, in]."""
+        return torch.from_numpy(np.array(decoded(tensor(name), config.heads, config.kv_heads,
+                                                 path)))
 
     def linear(prefix):
         name = prefix + ".weight"
         t = tensor(name)
-        kind = name.split(".")[-2]
         if t.tensor_type.name in DENSE_TYPES:
-            return stored(name, t).to(device=device, dtype=dtype)
-        w = block_weight(np.asarray(t.data), t.tensor_type.name, t.name, heads.get(kind),
-                         device)
+            return get(name).to(device=device, dtype=dtype)
+        w = block_weight(np.asarray(t.data), t.tensor_type.name, t.name,
+                         rotary_heads(name, config.heads, config.kv_heads), device)
         shape = tuple(int(d) for d in reversed(t.shape))
         if tuple(w.shape) != shape:
             raise FloorlineError(f"{path}: tensor '{t.name}' holds {list(w.shape)} weights "
@@ -121,4 +112,3 @@ def load_gguf(path: Path, config, device, dtype) -> DecoderWeights:
 
     return from_named(config, get, device, dtype, linear=linear, head_weight=linear,
                       source=str(path))
-

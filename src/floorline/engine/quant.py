@@ -45,12 +45,9 @@ HEAD_FORMATS = ("bf16", "fp8")
 BLOCK = 32  # weights along K per GGUF block
 
 
-@dataclass
-class Int4Weight:
-    qweight: torch.Tensor
-    scales: torch.Tensor
-    zeros: torch.Tensor
-    group_size: int
+class Int4Words:
+    """What the int4 layout's weights share (Int4Weight, Q4_1Weight): the shape its words stand
+    for, their bytes and device, and the values unpacked with each column's group."""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -58,15 +55,28 @@ class Int4Weight:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.zeros))
+        return sum(t.numel() * t.element_size() for t in vars(self).values()
+                   if isinstance(t, torch.Tensor))
 
     @property
     def device(self) -> torch.device:
         return self.qweight.device
 
-    def dequantise(self, dtype=torch.float32) -> torch.Tensor:
+    def _unpacked(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The integers 0..15 [N, K] (int64) and each column's group [K]."""
         q = unpack_rows(self.qweight, self.group_size)
-        g = torch.arange(q.shape[1], device=q.device) // self.group_size
+        return q, torch.arange(q.shape[1], device=q.device) // self.group_size
+
+
+@dataclass
+class Int4Weight(Int4Words):
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    group_size: int
+
+    def dequantise(self, dtype=torch.float32) -> torch.Tensor:
+        q, g = self._unpacked()
         zeros, scales = unpack_groups(self.zeros), unpack_groups(self.scales)
         w = (q - zeros.long()[:, g]).float() * scales.float()[:, g]
         return w.to(dtype)
@@ -94,27 +104,14 @@ class Fp8Weight:
 
 
 @dataclass
-class Q4_1Weight:
+class Q4_1Weight(Int4Words):
     qweight: torch.Tensor  # the int4 layout's words
     scales: torch.Tensor  # fp16, interleaved as Int4Weight's
     mins: torch.Tensor  # fp16, interleaved the same way
     group_size: int = BLOCK
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.qweight.shape[0] * ROWS, self.qweight.shape[1] * 2
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.mins))
-
-    @property
-    def device(self) -> torch.device:
-        return self.qweight.device
-
     def dequantise(self, dtype=torch.float32) -> torch.Tensor:
-        q = unpack_rows(self.qweight, self.group_size)
-        g = torch.arange(q.shape[1], device=q.device) // self.group_size
+        q, g = self._unpacked()
         scales, mins = unpack_groups(self.scales), unpack_groups(self.mins)
         return (q.float() * scales.float()[:, g] + mins.float()[:, g]).to(dtype)
 
@@ -183,7 +180,7 @@ def split_rows(w, n: int) -> tuple:
     gate and up)."""
     if isinstance(w, torch.Tensor):
         return w[:n], w[n:]
-    interleaved = isinstance(w, (Int4Weight, Q4_1Weight))  # tensors of [N / 4, ...]
+    interleaved = isinstance(w, Int4Words)  # tensors of [N / 4, ...]
     if interleaved and n % ROWS:
         raise ValueError(f"an int4 matrix splits at a multiple of {ROWS} rows, not {n}")
     at = n // ROWS if interleaved else n

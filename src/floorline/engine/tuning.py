@@ -34,6 +34,7 @@ from floorline.engine.kernels.rows import default_config, rows_product
 from floorline.engine.quant import (
     Fp8Weight,
     Int4Weight,
+    Int4Words,
     Q4_1Weight,
     Q8_0Weight,
     nbytes,
@@ -131,7 +132,7 @@ def interpreter_config(k: int, group: int | None = None) -> GemvConfig:
 
 def group_of(w) -> int | None:
     """The group of a weight read as int4 words (int4, Q4_1), else None."""
-    return w.group_size if isinstance(w, (Int4Weight, Q4_1Weight)) else None
+    return w.group_size if isinstance(w, Int4Words) else None
 
 
 def kind(w) -> str:

@@ -181,7 +181,7 @@ def write_random_gguf(config, path: Path, fmt: str, seed: int, head: str | None 
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"floorline random {cfg.model_type} {fmt}")
-    w.add_file_type(int(FILE_TYPES[fmt]()))
+    w.add_file_type(file_type_value(fmt))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_vocab_size(cfg.vocab_size)
     w.add_context_length(cfg.max_position_embeddings)
@@ -214,16 +214,14 @@ def write_random_gguf(config, path: Path, fmt: str, seed: int, head: str | None 
     w.close()
 
 
-def _file_type(name: str):
-    def value():
-        import gguf
-
-        return getattr(gguf.LlamaFileType, f"MOSTLY_{name.upper()}")
-    return value
-
-
 FORMATS = ("bf16", "q4_0", "q4_1", "q8_0")  # the files this module writes
-FILE_TYPES = {f: _file_type(f) for f in FORMATS}  # general.file_type, gguf imported when read
+
+
+def file_type_value(fmt: str) -> int:
+    """general.file_type of a file of `fmt` (llama.cpp's LlamaFileType MOSTLY_*)."""
+    import gguf
+
+    return int(getattr(gguf.LlamaFileType, f"MOSTLY_{fmt.upper()}"))
 
 
 def file_type(path: Path) -> str | None:
@@ -234,7 +232,7 @@ def file_type(path: Path) -> str | None:
     if field is None:
         return None
     value = int(field.parts[field.data[0]][0])
-    return next((f for f in FORMATS if int(FILE_TYPES[f]()) == value), None)
+    return next((f for f in FORMATS if file_type_value(f) == value), None)
 
 
 def llama3_rope_factors(rope: dict, head_dim: int, theta: float):

@@ -49,21 +49,28 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def model_gguf(model_spec) -> Path:
-    """The one .gguf file of a model's directory (its checkpoint's, or the directory it was
-    named by), or one line saying why there is none to run."""
+def gguf_files(model_spec) -> list[Path]:
+    """The .gguf files of a model's directory (its checkpoint's, or the directory it was named
+    by); none for a config of random weights."""
     directory = model_spec.weights_dir or Path(model_spec.name)
+    return sorted(directory.glob("*.gguf")) if directory.is_dir() else []
+
+
+def model_gguf(model_spec) -> Path:
+    """The one .gguf file of a model's directory, or one line saying why there is none to
+    run."""
+    found = gguf_files(model_spec)
+    directory = model_spec.weights_dir or Path(model_spec.name)
+    if len(found) > 1:
+        raise FloorlineError(f"{directory} holds {len(found)} .gguf files; keep one")
+    if found:
+        return found[0]
     if not directory.is_dir():
         raise FloorlineError(f"'{model_spec.name}' has random weights: no GGUF file to run as "
                              "stored (give a model directory that holds one)")
-    found = sorted(directory.glob("*.gguf"))
-    if not found:
-        raise FloorlineError(f"{directory} holds no .gguf file to run as stored (a model fetched "
-                             "by an earlier floorline keeps none: run `floorline models fetch` "
-                             "for it again)")
-    if len(found) > 1:
-        raise FloorlineError(f"{directory} holds {len(found)} .gguf files; keep one")
-    return found[0]
+    raise FloorlineError(f"{directory} holds no .gguf file to run as stored (a model fetched "
+                         "by an earlier floorline keeps none: run `floorline models fetch` "
+                         "for it again)")
 
 
 def stored_types(reader) -> tuple[set[str], str]:
@@ -75,6 +82,32 @@ def stored_types(reader) -> tuple[set[str], str]:
                 if name.startswith("blk.") and name.endswith(".weight")
                 and name.split(".")[2] in LAYER_TENSORS and "norm" not in name.split(".")[2]}
     return matrices, head
+
+
+def rotary_heads(name: str, heads: int, kv_heads: int) -> int | None:
+    """The heads whose rows llama.cpp's converter permuted in the Hugging Face tensor `name`:
+    the q projection's, the k projection's, or None for any other tensor."""
+    if name.endswith("q_proj.weight"):
+        return heads
+    if name.endswith("k_proj.weight"):
+        return kv_heads
+    return None
+
+
+def decoded(t, heads: int, kv_heads: int, where: Path):
+    """A GGUF tensor's values as gguf-py decodes them: float32 numpy shaped as Hugging Face's
+    [out, in], the q and k projections' rows permuted back (`where`: the file, for messages)."""
+    import numpy as np
+    from gguf.quants import dequantize
+
+    try:
+        w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+    except NotImplementedError:
+        raise FloorlineError(f"{where}: tensor '{t.name}' is of type {t.tensor_type.name}, "
+                             "which gguf-py cannot dequantise") from None
+    w = w.reshape(tuple(int(d) for d in reversed(t.shape)))  # ggml lists dims inner first
+    rows = rotary_heads(hf_name(t.name) or "", heads, kv_heads)
+    return w if rows is None else unpermute_rotary(w, rows)
 
 
 def unpermute_rotary(w, heads: int):
@@ -178,7 +211,6 @@ def convert(gguf_path: Path, directory: Path,
     replaced). `progress(done, total)` is called per tensor; `source` is recorded beside."""
     import numpy as np
     import torch
-    from gguf.quants import dequantize
     from safetensors.torch import save_file
 
     reader = open_gguf(gguf_path)
@@ -189,17 +221,7 @@ def convert(gguf_path: Path, directory: Path,
         name = hf_name(t.name)
         if name is None:
             continue
-        try:
-            w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        except NotImplementedError:
-            raise FloorlineError(f"{gguf_path}: tensor '{t.name}' is of type "
-                                 f"{t.tensor_type.name}, which gguf-py cannot "
-                                 "dequantise") from None
-        w = w.reshape(tuple(int(d) for d in reversed(t.shape)))  # ggml lists dims inner first
-        if name.endswith("q_proj.weight"):
-            w = unpermute_rotary(w, heads)
-        elif name.endswith("k_proj.weight"):
-            w = unpermute_rotary(w, kv_heads)
+        w = decoded(t, heads, kv_heads, gguf_path)
         tensors[name] = torch.from_numpy(np.array(w, dtype=np.float32))  # a writable copy
         types[t.tensor_type.name] += 1
         if progress is not None:

@@ -12,8 +12,8 @@ With `+verifyK` each timed step is the engine's verify step of K tokens (floorli
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
+from floorline.models.gguf_checkpoint import gguf_files
 from floorline.paths.base import DecodePath, PathFacts, PathUnavailable, Session
 from floorline.traffic import engine_kv_format, engine_weight_format
 
@@ -108,8 +108,7 @@ class EnginePath(DecodePath):
     def real_weights(self, model_spec) -> bool:
         if self.weights != "gguf":
             return model_spec.has_real_weights
-        directory = model_spec.weights_dir or Path(model_spec.name)
-        return directory.is_dir() and any(directory.glob("*.gguf"))
+        return bool(gguf_files(model_spec))
 
     def unavailable(self, device: str) -> str | None:
         if device.startswith("cuda"):

@@ -21,6 +21,7 @@ from pathlib import Path
 from floorline.errors import FloorlineError
 from floorline.layouts.gguf import WRITER_VERSION, file_type, write_random_gguf
 from floorline.localcache import cache_dir
+from floorline.models.gguf_checkpoint import gguf_files, model_gguf
 from floorline.paths.base import DecodePath, Library, PathFacts, Session
 from floorline.paths.quantised import library_missing, library_version
 
@@ -56,15 +57,13 @@ def gguf_file(model_spec, fmt: str, seed: int) -> Path:
     import hashlib
 
     directory = model_spec.weights_dir or Path(model_spec.name)
-    found = sorted(directory.glob("*.gguf")) if directory.is_dir() else []
-    if len(found) > 1:
-        raise FloorlineError(f"{directory} holds {len(found)} .gguf files; keep one")
-    if found:
-        held = file_type(found[0])
+    if gguf_files(model_spec):
+        found = model_gguf(model_spec)  # one, or one line
+        held = file_type(found)
         if held != fmt:
             advice = f"run it as llamacpp-{held}" if held else "floorline has no floor for its type"
-            raise FloorlineError(f"{found[0]} is not a {fmt} GGUF: {advice}")
-        return found[0]
+            raise FloorlineError(f"{found} is not a {fmt} GGUF: {advice}")
+        return found
     if model_spec.has_real_weights:
         raise FloorlineError(f"{directory} holds safetensors but no .gguf: convert it with "
                              "llama.cpp's convert_hf_to_gguf.py (random weights are drawn only "
@@ -211,8 +210,7 @@ class LlamaCppPath(DecodePath):
         return {distribution: library_version(distribution), "gguf": library_version("gguf")}
 
     def real_weights(self, model_spec) -> bool:
-        directory = model_spec.weights_dir or Path(model_spec.name)
-        return directory.is_dir() and any(directory.glob("*.gguf"))
+        return bool(gguf_files(model_spec))
 
     def open(self, model_spec, device: str, capacity: int, seed: int) -> Session:
         L = load_llama_cpp(device)

@@ -37,7 +37,7 @@ import triton.language as tl
 from floorline.engine.kernels.arrival import meet_in_partials
 from floorline.engine.kernels.e4m3 import e4m3, row_powers, split_e4m3
 from floorline.engine.kernels.launch import pdl_options
-from floorline.engine.quant import BLOCK, Fp8Weight, Int4Weight, Q4_1Weight, Q8_0Weight, dense
+from floorline.engine.quant import BLOCK, Fp8Weight, Int4Words, Q4_1Weight, Q8_0Weight, dense
 
 
 @dataclass(frozen=True)
@@ -535,7 +535,7 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
                     else (out, out))  # unread without REDUCE
     if config.dots and not isinstance(w, Fp8Weight):
         raise ValueError("dots: the tensor-core GEMV takes fp8 weights only")
-    if isinstance(w, (Int4Weight, Q4_1Weight)):
+    if isinstance(w, Int4Words):
         groups = config.block_k // w.group_size
         if groups < 1 or groups & (groups - 1) or config.block_k % w.group_size:
             raise ValueError(f"block_k {config.block_k} is not a power-of-two number of groups "
