@@ -12,6 +12,7 @@ import typer
 
 from floorline.cli.render import err
 from floorline.errors import FloorlineError, one_line
+from floorline.localcache import settle_home
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                   help="Batch-1 LLM decode against its memory floor.")
@@ -45,6 +46,7 @@ def main() -> None:
     # click's exceptions as this typer raises them (newer typers carry their own copy of click)
     click_errors = {c.__name__: c for c in typer.BadParameter.__mro__}
     try:
+        settle_home()
         sys.exit(app(standalone_mode=False))
     except click_errors["UsageError"] as e:  # an unknown option, a missing or malformed value
         command = f"floorline {e.ctx.info_name}" if e.ctx and e.ctx.parent else "floorline"

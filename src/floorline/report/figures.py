@@ -12,7 +12,10 @@ from __future__ import annotations
 import io
 import math
 
-import matplotlib
+from floorline.localcache import quiet_matplotlib_config
+
+quiet_matplotlib_config()
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
