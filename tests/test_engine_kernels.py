@@ -30,12 +30,18 @@ def draw(*shape, dtype=torch.float32, generator):
 
 
 CONFIGS = [GemvConfig(4, 32), GemvConfig(16, 16), GemvConfig(1, 64, num_warps=1)]
+F32, BF16 = torch.float32, torch.bfloat16
+# shapes even, ragged and tiny: every configuration meets each dtype on the tiny shape and each
+# larger shape once, the dtypes alternating so that each meets each shape (tiles of one row and
+# 64 columns have no ragged row block and a ragged K in both, so take only one)
+GEMV_FUSION_CASES = [(config, 7, 33, dtype) for config in CONFIGS for dtype in (F32, BF16)]
+GEMV_FUSION_CASES += [(CONFIGS[0], 48, 96, F32), (CONFIGS[1], 48, 96, BF16),
+                      (CONFIGS[0], 50, 100, BF16), (CONFIGS[1], 50, 100, F32),
+                      (CONFIGS[2], 50, 100, BF16)]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n, k", [(48, 96), (50, 100), (7, 33)])  # even, ragged, tiny
-@pytest.mark.parametrize("config", CONFIGS, ids=str)
-def test_gemv_fusions_match_the_reference(dtype, n, k, config):
+@pytest.mark.parametrize("config, n, k, dtype", GEMV_FUSION_CASES, ids=str)
+def test_gemv_fusions_match_the_reference(config, n, k, dtype):
     g = torch.Generator().manual_seed(n * k)
     x = draw(k, generator=g)
     w, up = draw(n, k, dtype=dtype, generator=g), draw(n, k, dtype=dtype, generator=g)
@@ -70,9 +76,9 @@ def test_gemv_accumulates_into_the_residual_with_k_splits(split_k, dtype):
 def test_gemv_splits_meet_in_partials_for_every_fusion(split_k, dtype):
     # the splits of a product that stores, normalises or gates: the last split to arrive per
     # row block finishes it; twice, as graph replays do, the second launch finding the partials
-    # as the first left them. N = 50 leaves a ragged row block, K = 112 a ragged last split.
+    # as the first left them. N = 18 leaves a ragged row block, K = 112 a ragged last split.
     g = torch.Generator().manual_seed(10 + split_k)
-    n, k = 50, 112
+    n, k = 18, 112
     x = draw(k, generator=g)
     w, up = draw(n, k, dtype=dtype, generator=g), draw(n, k, dtype=dtype, generator=g)
     norm, bias = draw(k, dtype=dtype, generator=g), draw(n, dtype=dtype, generator=g)
@@ -85,7 +91,7 @@ def test_gemv_splits_meet_in_partials_for_every_fusion(split_k, dtype):
             gemv(x, w, mine, config=config, partials=partials, **kwargs)
             gemv_reference(x, w, ref, **kwargs)
             assert relative_error(mine, ref) < TOLERANCE[dtype], kwargs.keys()
-    sums, counts = partials.get(n, 7, DEVICE)
+    sums, counts = partials.get(n, 3, DEVICE)
     assert not sums.any() and not counts.any()
 
 
@@ -181,10 +187,12 @@ def attention_case(dtype, pos, window, splits, seed, heads=6, kv_heads=2, rotary
     return results
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("pos", [0, 5, 17, 39])  # first token, short, several blocks, last slot
-@pytest.mark.parametrize("window", [None, 6])
-def test_decode_attention_matches_the_reference(dtype, pos, window):
+# first token, short, several blocks, last slot; each with and without a window, the dtypes
+# turning so that each meets every position and both windows
+@pytest.mark.parametrize("pos, window, dtype", [
+    (0, None, F32), (0, 6, BF16), (5, None, BF16), (5, 6, F32), (17, None, F32), (17, 6, BF16),
+    (39, None, BF16), (39, 6, F32)])
+def test_decode_attention_matches_the_reference(pos, window, dtype):
     (out, k, v), (ref_out, ref_k, ref_v) = attention_case(dtype, pos, window, splits=4, seed=pos)
     assert relative_error(out, ref_out) < TOLERANCE[dtype]
     # the new token's k (rotated) and v land in the cache at pos, nothing else changes

@@ -79,7 +79,7 @@ def test_the_kernels_verify_as_the_reference_does(split_k, monkeypatch):
 
     if split_k > 1:  # every product, the GEMVs' and the rows products', split in two
         monkeypatch.setattr(tuning.GemvTuner, "config",
-                            lambda self, w, out, **flags: GemvConfig(16, 16, split_k=2))
+                            lambda self, w, out, **flags: GemvConfig(32, 32, split_k=2))
     spec = resolve_model("tiny-llama")
     mine = engine(spec, backend="triton")
     theirs = Engine(spec, "cpu", 96, dtype=torch.float32, backend="reference",
@@ -103,11 +103,16 @@ def test_a_verify_step_past_the_cache_or_too_long_is_refused():
         small.verify([1, 2, 3])
 
 
-@pytest.mark.parametrize("fmt, dtype", [("bf16", torch.float32), ("bf16", torch.bfloat16),
-                                        ("int4", torch.float32), ("int4", torch.bfloat16),
-                                        ("fp8", torch.float32), ("fp8", torch.bfloat16)])
-@pytest.mark.parametrize("fusion", ["norm-bias", "swiglu", "gelu", "accumulate"])
-@pytest.mark.parametrize("split_k", [1, 2, 3])
+ROWS_FORMATS = [(fmt, dtype) for fmt in ("bf16", "int4", "fp8")
+                for dtype in (torch.float32, torch.bfloat16)]
+ROWS_FUSIONS = ["norm-bias", "swiglu", "gelu", "accumulate"]
+# every format and dtype at every split, the fusions turning through them so that each fusion
+# meets every split, format and dtype
+ROWS_CASES = [(fmt, dtype, ROWS_FUSIONS[(i + split_k) % 4], split_k)
+              for i, (fmt, dtype) in enumerate(ROWS_FORMATS) for split_k in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("fmt, dtype, fusion, split_k", ROWS_CASES)
 def test_the_rows_product_matches_the_reference(fmt, dtype, fusion, split_k):
     from floorline.engine.kernels.gemv import GemvConfig, SplitPartials, gemv_reference
     from floorline.engine.kernels.rows import rows_product
