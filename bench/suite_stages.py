@@ -133,7 +133,9 @@ def verdict(stage: str, by: dict[str, list[str]], seconds: float, returncode: in
 
 
 def run_stage(stage: str, files: list[Path], logs: Path, workers: int, test_timeout: float,
-              limit: float) -> tuple[bool, list[str]]:
+              limit: float, grace: float = 30) -> tuple[bool, list[str]]:
+    """One stage's pytest run and its verdict; cut off at `limit` seconds, it gets SIGINT and
+    `grace` seconds to end before SIGKILL."""
     log, journal = logs / f"{stage}.log", logs / f"{stage}.journal"
     journal.unlink(missing_ok=True)
     command = [sys.executable, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider",
@@ -157,10 +159,10 @@ def run_stage(stage: str, files: list[Path], logs: Path, workers: int, test_time
         except subprocess.TimeoutExpired:
             cut_off = True
             # SIGINT first: pytest prints what it has (failures with their stacks) and ends
-            for sig, grace in ((signal.SIGINT, 30), (signal.SIGKILL, 10)):
+            for sig, wait in ((signal.SIGINT, grace), (signal.SIGKILL, 10)):
                 try:
                     os.killpg(proc.pid, sig)
-                    proc.wait(timeout=grace)
+                    proc.wait(timeout=wait)
                     break
                 except subprocess.TimeoutExpired:
                     continue

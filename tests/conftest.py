@@ -1,6 +1,7 @@
 import contextlib
 import dataclasses
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -95,6 +96,26 @@ def run_cli(*args, cwd=None, check=False, timeout=600, env=None):
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def run_here(*args, check=False) -> subprocess.CompletedProcess:
+    """`floorline ARGS` through its main() in this process: the exit code, stdout and stderr a
+    user sees, less the interpreter's start (run_cli pays it)."""
+    from floorline import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    argv, sys.argv = sys.argv, ["floorline", *map(str, args)]
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            cli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    finally:
+        sys.argv = argv
+    if check and code != 0:
+        raise AssertionError(f"floorline {args} failed ({code}):\n{err.getvalue()}")
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 # The trained model of the package index (tests/test_real_model.py, tests/test_serve.py).

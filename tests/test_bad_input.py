@@ -1,38 +1,25 @@
 """Malformed input of every kind, fed through the command line as a user would: one line on
 stderr naming the file or option, exit code 2, never a traceback or an internal error."""
 
-import contextlib
-import io
 import json
 import shutil
 import sqlite3
-import sys
 import time
 
 import pytest
 import torch
 
-from conftest import shipped_config
-from floorline import cli
+from conftest import run_here, shipped_config
 from floorline.cli import render
 from floorline.errors import FloorlineError
 from floorline.records import INVALID, VALID, CellKey, CellResult
 from floorline.store import Store
 
 
-def run(*args, env=None):
+def run(*args):
     """`floorline ARGS` in this process: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    argv, sys.argv = sys.argv, ["floorline", *map(str, args)]
-    code = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
-    finally:
-        sys.argv = argv
-    return code, out.getvalue(), err.getvalue()
+    proc = run_here(*args)
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def refused(*args, naming: str, also: str = "") -> str:

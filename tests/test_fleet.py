@@ -45,6 +45,7 @@ def content(rows):
 
 def test_fleet_sweep_stores_the_in_process_sweeps_cells(tmp_path, cluster):
     from floorline.hardware import lookup
+    from floorline.measure.runner import warm_worker
     from floorline.measure.sweep import Grid, Sweep
     from floorline.store import Store
 
@@ -53,10 +54,12 @@ def test_fleet_sweep_stores_the_in_process_sweeps_cells(tmp_path, cluster):
                    "--device", "cpu", *GRID, check=True)
     assert "4 measured, 0 already valid (skipped), on 2 worker(s)" in proc.stdout
     assert "fleet" in proc.stderr and "4/4" in proc.stderr
-    # The same grid swept in this process, as `floorline sweep` does without --cluster
+    # The same grid swept in this process, as `floorline sweep` does without --cluster (its
+    # cells forked from a warm worker)
     in_process = Sweep(Store(local_db), "cpu", lookup(GPU))
-    for key in Grid(("tiny-llama",), (32, 64), ("hf-eager", "hf-static+graphs")).cells(5, 2):
-        in_process.run_cell(key)
+    with warm_worker("cpu"):
+        for key in Grid(("tiny-llama",), (32, 64), ("hf-eager", "hf-static+graphs")).cells(5, 2):
+            in_process.run_cell(key)
     fleet, local = Store(fleet_db).rows(), Store(local_db).rows()
     assert len(fleet) == 4 and content(fleet) == content(local)
     assert sum(c.status == "valid" for c in fleet) == 2

@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from conftest import run_here
 from floorline.engine.generate import TextStream, generate
 from floorline.errors import FloorlineError
 
@@ -166,33 +167,34 @@ def test_bad_arguments_are_one_line_errors(checkpoint):
             generate(checkpoint, PROMPT, temperature=value)
 
 
-def test_int4_and_fp8_generate_from_a_16bit_checkpoint(cli, checkpoint):
+def test_int4_and_fp8_generate_from_a_16bit_checkpoint(checkpoint):
     # hidden 64 is not a whole number of 128-groups: int4 runs in groups of 64, or of 32 asked
     for weights, head, group, summary in (("int4", "bf16", None, "engine-int4-g64"),
                                           ("int4", "bf16", 32, "engine-int4-g32"),
                                           ("fp8", "fp8", None, "engine-fp8-fp8head")):
-        proc = cli("generate", "--model", checkpoint, "--prompt", PROMPT, "--max-new-tokens", 4,
-                   "--device", "cpu", "--dtype", "float32", "--weights", weights, "--head", head,
-                   *(("--group-size", group) if group else ()))
+        proc = run_here("generate", "--model", checkpoint, "--prompt", PROMPT,
+                        "--max-new-tokens", 4, "--device", "cpu", "--dtype", "float32",
+                        "--weights", weights, "--head", head,
+                        *(("--group-size", group) if group else ()))
         assert proc.returncode == 0, proc.stderr
         assert f"weights {summary}," in proc.stderr
     # the fp8 head on the default, 16-bit, linears (in float32 the engine's logits with it are
     # checked against transformers: tests/test_engine_quant.py)
-    proc = cli("generate", "--model", checkpoint, "--prompt", PROMPT, "--max-new-tokens", 4,
-               "--device", "cpu", "--dtype", "bfloat16", "--head", "fp8")
+    proc = run_here("generate", "--model", checkpoint, "--prompt", PROMPT, "--max-new-tokens", 4,
+                    "--device", "cpu", "--dtype", "bfloat16", "--head", "fp8")
     assert proc.returncode == 0 and "fp8head," in proc.stderr, proc.stderr
-    proc = cli("generate", "--model", checkpoint, "--prompt", PROMPT, "--device", "cpu",
-               "--weights", "int4", "--group-size", 128)
+    proc = run_here("generate", "--model", checkpoint, "--prompt", PROMPT, "--device", "cpu",
+                    "--weights", "int4", "--group-size", 128)
     assert proc.returncode == 2 and "int4 group 128 needs every matrix width (64, 128)" in \
         proc.stderr and "Traceback" not in proc.stderr
-    proc = cli("generate", "--model", checkpoint, "--prompt", PROMPT, "--device", "cpu",
-               "--weights", "nf4")
+    proc = run_here("generate", "--model", checkpoint, "--prompt", PROMPT, "--device", "cpu",
+                    "--weights", "nf4")
     assert proc.returncode == 2 and "engine weights must be one of" in proc.stderr
 
 
-def test_generate_with_an_fp8_kv_cache(cli, checkpoint, greedy):
-    proc = cli("generate", "--model", checkpoint, "--prompt", PROMPT, "--max-new-tokens", 6,
-               "--device", "cpu", "--dtype", "float32", "--kv-dtype", "fp8")
+def test_generate_with_an_fp8_kv_cache(checkpoint, greedy):
+    proc = run_here("generate", "--model", checkpoint, "--prompt", PROMPT, "--max-new-tokens", 6,
+                    "--device", "cpu", "--dtype", "float32", "--kv-dtype", "fp8")
     assert proc.returncode == 0, proc.stderr
     # the floor is the fp8 cache's, scales included; the 16-bit run names its dtype's
     assert "KV engine-fp8" in proc.stderr and "tokens/s" in proc.stderr

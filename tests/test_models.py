@@ -89,10 +89,19 @@ def test_unknown_model_name():
     ({"num_key_value_heads": 8}, "num_key_value_heads = 8 does not divide"),
     ({"hidden_size": 130}, "is not a multiple of the number of attention heads"),
 ])
-def test_impossible_sizes_are_one_line_naming_the_field(tmp_path, cli, change, message):
+def test_impossible_sizes_are_one_line_naming_the_field(tmp_path, change, message):
     (tmp_path / "config.json").write_text(json.dumps({**shipped_config("tiny-llama"), **change}))
     with pytest.raises(FloorlineError, match=message):
         resolve_model(str(tmp_path))
+
+
+# The command's line for each kind of refusal above (a range, a type), the same error each time
+@pytest.mark.parametrize("change, message", [
+    ({"num_hidden_layers": 0}, "num_hidden_layers = 0 is outside 1..4096"),
+    ({"hidden_size": "128"}, "Field 'hidden_size' expected int, got str"),
+])
+def test_an_impossible_size_is_one_line_from_the_command(tmp_path, cli, change, message):
+    (tmp_path / "config.json").write_text(json.dumps({**shipped_config("tiny-llama"), **change}))
     proc = cli("floor", "--model", tmp_path, "--gpu", "l4", "--ctx", "64")
     assert proc.returncode == 2 and message.split(" is ")[0] in proc.stderr.replace("\n", " ")
     assert str(tmp_path / "config.json") in proc.stderr and "Traceback" not in proc.stderr

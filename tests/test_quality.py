@@ -11,6 +11,7 @@ import pytest
 import torch
 from tests.test_generate import EOS, WORDS, word_tokenizer
 
+from conftest import run_here
 from floorline.engine import Engine
 from floorline.hardware import lookup
 from floorline.measure import runner
@@ -163,21 +164,20 @@ def test_the_quality_and_show_commands(cli, checkpoint, tmp_path):
     run = cli("quality", "--models", checkpoint, "--paths", "engine", *args, timeout=900)
     assert run.returncode == 0, run.stderr
     assert "1 measured" in run.stdout and "agree" in run.stdout and "%" in run.stdout
-    again = cli("quality", "--models", f"{checkpoint},tiny-llama", "--paths", "engine", *args)
-    assert again.returncode == 0, again.stderr
+    # the rest through main() in this process (the first ran as a user runs it)
+    run_here("quality", "--models", f"{checkpoint},tiny-llama", "--paths", "engine", *args,
+             check=True)
     rows = Store(db).quality_rows()
     assert [(q.model, q.status, q.reason) for q in rows] == [
         (str(checkpoint), "valid", None), ("tiny-llama", "invalid", RANDOM_WEIGHTS)]
     # the sweep's own quality, in windows of 512, does not fit this model's 256 positions
-    sweep = cli("sweep", "--models", checkpoint, "--ctx", 16, "--paths", "engine", "--steps", 3,
-                "--warmup", 1, "--db", db, "--device", "cpu", "--quality-tokens", 512)
-    assert sweep.returncode == 0, sweep.stderr
+    run_here("sweep", "--models", checkpoint, "--ctx", 16, "--paths", "engine", "--steps", 3,
+             "--warmup", 1, "--db", db, "--device", "cpu", "--quality-tokens", 512, check=True)
     assert Store(db).quality_rows()[-1].reason == ("not measured: windows of 512 tokens do not "
                                                    "fit below the model's 256 positions")
-    shown = cli("show", "--db", db)  # the valid row is the cell's quality
+    shown = run_here("show", "--db", db, check=True)  # the valid row is the cell's quality
     assert "ppl vs fp32" in shown.stdout and f"{rows[0].ppl_increase:+.2%}" in shown.stdout
-    report = cli("report", "--db", db, "--out", tmp_path / "report")
-    assert report.returncode == 0, report.stderr
+    run_here("report", "--db", db, "--out", tmp_path / "report", check=True)
     assert (tmp_path / "report" / "fig8_quality.png").is_file()
     assert "Quality against float32" in (tmp_path / "report" / "report.md").read_text()
 
