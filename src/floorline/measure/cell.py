@@ -222,5 +222,5 @@ def release(session) -> None:
     if session is not None:
         session.close()
     gc.collect()
-    if torch.cuda.is_available():
+    if torch.cuda.is_initialized():  # a CPU cell never starts the GPU's driver just for this
         torch.cuda.empty_cache()

@@ -86,7 +86,7 @@ class EngineSession(Session):
 
         self.engine.close()
         self.engine = None
-        if torch.cuda.is_available():
+        if torch.cuda.is_initialized():  # on the CPU, the GPU's driver is never started
             torch.cuda.empty_cache()
 
 

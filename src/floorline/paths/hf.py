@@ -58,7 +58,7 @@ class HFSession(Session):
             torch._dynamo.reset()
         self.hf_model = self.cache = self.forward = self.token = self.position = None
         gc.collect()
-        if torch.cuda.is_available():
+        if torch.cuda.is_initialized():  # on the CPU, the GPU's driver is never started
             torch.cuda.empty_cache()
 
 
