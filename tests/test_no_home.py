@@ -37,16 +37,21 @@ def user_namespaces():
         pytest.skip("this host cannot create a user namespace (unshare --user)")
 
 
-def finished(proc: subprocess.Popen, tmp_path) -> str:
-    """The command's stderr, after checking it ended well and said where the caches went."""
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
+def said_where_caches_go(err: str, tmp_path) -> None:
+    """The command's first line named its home folder, made private, and nothing failed."""
     home = tmp_path / f"floorline-home-{UID}"
     assert err.startswith(f"floorline: no home directory for user id {UID} (HOME is unset and "
                           f"the id has no passwd entry): caches go under {home} ("), err
     assert "internal error" not in err and "Traceback" not in err
     assert (home.stat().st_mode & 0o777) == 0o700
     assert not (tmp_path / "~").exists()  # no library's literal '~' in the working folder
+
+
+def finished(proc: subprocess.Popen, tmp_path) -> str:
+    """The command's stdout, after checking it ended well and said where the caches went."""
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    said_where_caches_go(err, tmp_path)
     return out
 
 
@@ -86,9 +91,7 @@ def test_serve_starts_and_answers(tmp_path, checkpoint):  # noqa: F811
         assert answer.status_code == 200
     finally:
         proc.terminate()
-    err = proc.communicate(timeout=60)[1]
-    assert err.startswith(f"floorline: no home directory for user id {UID}"), err
-    assert "internal error" not in err and "Traceback" not in err
+    said_where_caches_go(proc.communicate(timeout=60)[1], tmp_path)
 
 
 def test_a_report_with_a_home_it_cannot_write_prints_no_library_warning(tmp_path):
@@ -109,3 +112,14 @@ def test_a_report_with_a_home_it_cannot_write_prints_no_library_warning(tmp_path
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("wrote ") and "Traceback" not in done.stderr
     assert "atplotlib" not in done.stderr, done.stderr
+
+
+def test_a_home_folder_someone_else_planted_is_refused_in_one_line(tmp_path):
+    # a link where the folder would be, in a temporary directory other users can write
+    (tmp_path / f"floorline-home-{UID}").symlink_to(tmp_path)
+    proc = homeless("floor", "--model", "tiny-llama", "--gpu", "l4", "--ctx", "64",
+                    tmp_path=tmp_path)
+    err = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"floorline: error: no home directory for user id {UID}") and \
+        "belongs to another user: set HOME to a writable folder" in err, err

@@ -12,8 +12,6 @@ from pathlib import Path
 
 from floorline.errors import FloorlineError
 
-_settled = False
-
 
 def cache_dir() -> Path:
     if "FLOORLINE_CACHE" not in os.environ:
@@ -25,33 +23,29 @@ def settle_home() -> None:
     """Where no home directory can be determined (HOME unset and a user id with no passwd entry,
     as containers run arbitrary ids), HOME becomes a folder of this user's own in the system's
     temporary directory, for this process and those it starts: floorline's cache, Triton's,
-    transformers' and matplotlib's all live under it. Says so in one line, once."""
-    global _settled
-    if _settled:
-        return
-    _settled = True
+    transformers' and matplotlib's all live under it. Says so in one line; once HOME is set,
+    later calls find it and say nothing."""
     try:
         Path.home()
         return
     except (RuntimeError, KeyError):  # pathlib's "Could not determine home directory"
         pass
     uid = os.getuid()
+    missing = (f"no home directory for user id {uid} (HOME is unset and the id has no passwd "
+               "entry)")
     home = Path(tempfile.gettempdir()) / f"floorline-home-{uid}"
     try:
         home.mkdir(mode=0o700, exist_ok=True)
         owned = not home.is_symlink() and home.stat().st_uid == uid
     except OSError as e:
-        raise FloorlineError(f"no home directory for user id {uid} (HOME is unset and the id has "
-                             f"no passwd entry), and {home} cannot be made ({e.strerror}): set "
-                             "HOME to a writable folder") from None
+        raise FloorlineError(f"{missing}, and {home} cannot be made ({e.strerror}): set HOME to a "
+                             "writable folder") from None
     if not owned:  # another user's folder (or a link) in a shared temporary directory
-        raise FloorlineError(f"no home directory for user id {uid} (HOME is unset and the id has "
-                             f"no passwd entry), and {home} belongs to another user: set HOME "
-                             "to a writable folder")
+        raise FloorlineError(f"{missing}, and {home} belongs to another user: set HOME to a "
+                             "writable folder")
     os.environ["HOME"] = str(home)
-    print(f"floorline: no home directory for user id {uid} (HOME is unset and the id has no "
-          f"passwd entry): caches go under {home} (set HOME, or FLOORLINE_CACHE for floorline's "
-          "own, to choose)", file=sys.stderr)
+    print(f"floorline: {missing}: caches go under {home} (set HOME, or FLOORLINE_CACHE for "
+          "floorline's own, to choose)", file=sys.stderr)
 
 
 def quiet_matplotlib_config() -> None:
