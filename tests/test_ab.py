@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import bootstrap
 
-from conftest import run_cli
+from conftest import run_here
 from floorline.measure import runner
 from floorline.measure.ab import Plan, SessionResult, run_ab, summarise_sessions
 from floorline.measure.session import block_order
@@ -60,9 +60,9 @@ def test_summary_rests_on_the_sessions_that_ran():
 
 def test_ab_end_to_end_paired_with_three_fresh_sessions(tmp_path):
     db = tmp_path / "r.db"
-    proc = run_cli("ab", "--a", "hf-static", "--b", "hf-static", "--model", "tiny-llama",
-                   "--ctx", "32", "--sessions", "3", "--steps", "8", "--block", "2",
-                   "--seed", "5", "--db", db, "--gpu", "l4", "--json", check=True)
+    proc = run_here("ab", "--a", "hf-static", "--b", "hf-static", "--model", "tiny-llama",
+                    "--ctx", "32", "--sessions", "3", "--steps", "8", "--block", "2",
+                    "--seed", "5", "--db", db, "--gpu", "l4", "--json", check=True)
     out = json.loads(proc.stdout)  # the progress went to stderr, leaving the JSON whole
     assert out["paired"] and out["sessions"] == 3 and out["seed"] == 5
     progress = [line for line in proc.stderr.splitlines() if "3/3" in line]
@@ -92,20 +92,25 @@ def test_ab_unpaired_runs_each_arm_in_its_own_session():
 
 
 def test_a_crashing_session_is_recorded_and_the_others_kept(tmp_path, monkeypatch):
-    # A worker that dies in its second session (index 1) before measuring anything.
+    # A session (index 1) that dies before measuring anything, forked by a warm worker as the
+    # CPU's sessions are (a fresh interpreter per session would import torch each time).
     crasher = tmp_path / "worker.py"
     crasher.write_text(
         "import json, os, sys\n"
-        "job = json.loads(sys.argv[1])['args']\n"
-        "if job['seed'] % 1_000_003 == 1:\n"
-        "    print('CUDA error: an illegal memory access', file=sys.stderr); os._exit(3)\n"
-        "from floorline.measure.runner import main\n"
-        "main(sys.argv[1:])\n")
-    monkeypatch.setattr(runner, "CHILD", [sys.executable, str(crasher)])
+        "from floorline.measure import worker\n"
+        "execute = worker.execute\n"
+        "def crash_second(job):\n"
+        "    if json.loads(job)['args']['seed'] % 1_000_003 == 1:\n"
+        "        print('CUDA error: an illegal memory access', file=sys.stderr); os._exit(3)\n"
+        "    execute(job)\n"
+        "worker.execute = crash_second\n"
+        "worker.main(sys.argv[1:])\n")
+    monkeypatch.setattr(runner, "WORKER", [sys.executable, str(crasher)])
     seen = []
-    out = run_ab(Plan("hf-static", "hf-static", "tiny-llama", 16, "cpu", "l4", sessions=3,
-                      steps=4, block=2, warmup=1, seed=0),
-                 on_session=seen.append)
+    with runner.warm_worker("cpu"):
+        out = run_ab(Plan("hf-static", "hf-static", "tiny-llama", 16, "cpu", "l4", sessions=3,
+                          steps=4, block=2, warmup=1, seed=0),
+                     on_session=seen.append)
     assert [s.status for s in out.sessions] == ["ok", "failed", "ok"]
     assert out.sessions[1].reason == "exit code 3: CUDA error: an illegal memory access"
     assert [s.index for s in seen] == [0, 1, 2]
@@ -114,8 +119,8 @@ def test_a_crashing_session_is_recorded_and_the_others_kept(tmp_path, monkeypatc
 
 def test_ab_bad_input(tmp_path):
     # on the CPU by name: on a GPU machine the default device would run this A/B
-    proc = run_cli("ab", "--a", "hf-static", "--b", "hf-static+graphs", "--model", "tiny-llama",
-                   "--ctx", "16", "--db", tmp_path / "r.db", "--gpu", "l4", "--device", "cpu")
+    proc = run_here("ab", "--a", "hf-static", "--b", "hf-static+graphs", "--model", "tiny-llama",
+                    "--ctx", "16", "--db", tmp_path / "r.db", "--gpu", "l4", "--device", "cpu")
     assert proc.returncode == 2 and "+graphs needs a CUDA device" in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -130,8 +135,8 @@ def test_a_command_whose_every_measurement_failed_exits_1_in_one_line(tmp_path, 
     # 1 s is too short for a child to import torch: every session, or the one explanation,
     # times out.
     db = tmp_path / "r.db"
-    proc = run_cli(*command, "--model", "tiny-llama", "--ctx", "16", "--timeout", "1",
-                   "--device", "cpu", "--gpu", "l4", "--db", db)
+    proc = run_here(*command, "--model", "tiny-llama", "--ctx", "16", "--timeout", "1",
+                    "--device", "cpu", "--gpu", "l4", "--db", db)
     assert proc.returncode == 1 and proc.stdout == "", proc.stderr
     assert proc.stderr.splitlines()[-1] == f"floorline: error: {line}", proc.stderr
     assert proc.stderr.count("floorline: error:") == 1 and "Traceback" not in proc.stderr

@@ -76,10 +76,11 @@ def test_bf16_logits_stay_in_transformers_own_band(name):
 
 @pytest.mark.parametrize("name", ["qwen3", "gemma3", "phi3-longrope"])
 def test_the_kernels_decode_like_transformers(name):
-    # the Triton kernels in the interpreter: positions 20-26 cross the Gemma window of 24
-    result = compare_with_transformers(spec(name), KERNEL_DEVICE, torch.float32, prompt_len=20,
-                                       steps=6, backend="triton")
-    assert result.argmax_agree == result.positions == 7
+    # the Triton kernels in the interpreter: steps at positions 22-25 cross the Gemma window of
+    # 24
+    result = compare_with_transformers(spec(name), KERNEL_DEVICE, torch.float32, prompt_len=22,
+                                       steps=4, backend="triton")
+    assert result.argmax_agree == result.positions == 5
     assert max(result.errors) < 1e-5
 
 

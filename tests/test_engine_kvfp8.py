@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from tests.conftest import moved
+from tests.conftest import moved, run_here
 
 from floorline.engine import Engine
 from floorline.engine.check import relative_error
@@ -19,6 +19,7 @@ from floorline.engine.kvcache import FP8, KVCache, dequantise, quantise
 from floorline.engine.model import EngineUnsupported
 from floorline.errors import FloorlineError
 from floorline.hardware import lookup
+from floorline.measure import runner
 from floorline.measure.sweep import default_grid
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY
@@ -253,14 +254,23 @@ def test_the_kvfp8_paths():
     assert REGISTRY["engine"].kv_dtype == "bf16" and REGISTRY["engine-int4"].kv_dtype == "bf16"
 
 
-def test_kvfp8_cells_at_the_models_limit_with_their_time_to_first_token(cli, tmp_path):
+@pytest.fixture(scope="module")
+def one_worker():
+    """One warm worker for this module's commands run here: the sweep would start one of its
+    own, and explain a fresh interpreter, each importing torch again."""
+    with runner.warm_worker("cpu"):
+        yield
+
+
+def test_kvfp8_cells_at_the_models_limit_with_their_time_to_first_token(tmp_path, one_worker):
     # tiny-qwen2 has 1024 positions: ctx 1024 runs with a prompt of 1024 - 4 tokens, so that
     # the last of 1 warm-up and 3 timed steps takes the last position
     db = tmp_path / "k.db"
-    cli("sweep", "--db", db, "--models", "tiny-qwen2", "--ctx", "1024", "--paths",
-        "engine,engine-kvfp8", "--steps", "3", "--warmup", "1", "--device", "cpu", "--gpu",
-        "h200", check=True)
-    rows = {r["path"]: r for r in json.loads(cli("show", "--db", db, "--json", check=True).stdout)}
+    run_here("sweep", "--db", db, "--models", "tiny-qwen2", "--ctx", "1024", "--paths",
+             "engine,engine-kvfp8", "--steps", "3", "--warmup", "1", "--device", "cpu", "--gpu",
+             "h200", check=True)
+    rows = {r["path"]: r
+            for r in json.loads(run_here("show", "--db", db, "--json", check=True).stdout)}
     bf16, fp8 = rows["engine"], rows["engine-kvfp8"]
     spec = resolve_model("tiny-qwen2").config
     kv_heads, head_dim = spec.num_key_value_heads, spec.hidden_size // spec.num_attention_heads
@@ -274,7 +284,7 @@ def test_kvfp8_cells_at_the_models_limit_with_their_time_to_first_token(cli, tmp
         assert r["status"] == "valid" and d["prompt_tokens"] == 1020
         assert d["prefill_ms"] > 0
         assert d["prefill_tokens_per_s"] == pytest.approx(1020 / d["prefill_ms"] * 1e3)
-    table = cli("show", "--db", db, check=True).stdout
+    table = run_here("show", "--db", db, check=True).stdout
     assert "TTFT ms" in table and f"{fp8['details']['prefill_ms']:.1f}" in table
     assert default_grid("cuda").contexts == (2048, 4096, 8192, 16384)  # the default stays
 
@@ -285,8 +295,8 @@ def test_kvfp8_cells_at_the_models_limit_with_their_time_to_first_token(cli, tmp
     (["floor", "--model", "tiny-llama", "--gpu", "h200", "--kv-dtype", "int4"],
      "unknown KV dtype 'int4'"),
 ])
-def test_bad_kv_options_are_one_line(cli, args, message):
-    proc = cli(*args)
+def test_bad_kv_options_are_one_line(args, message):
+    proc = run_here(*args)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
     with pytest.raises(FloorlineError, match="not 'fp16'"):
@@ -311,30 +321,31 @@ def test_heads_too_narrow_for_the_fp8_products_are_refused_at_load(cli, tmp_path
         assert cell["status"] == "invalid" and "head_dim 16" in cell["reason"]
 
 
-def test_explain_runs_an_fp8_kv_cell_at_the_models_limit(cli, tmp_path):
-    proc = cli("explain", "--model", "tiny-qwen2", "--ctx", "1024", "--path", "engine-kvfp8",
-               "--steps", "2", "--warmup", "1", "--device", "cpu", "--gpu", "h200", "--db",
-               tmp_path / "e.db", "--json", check=True)
+def test_explain_runs_an_fp8_kv_cell_at_the_models_limit(tmp_path, one_worker):
+    proc = run_here("explain", "--model", "tiny-qwen2", "--ctx", "1024", "--path",
+                    "engine-kvfp8", "--steps", "2", "--warmup", "1", "--device", "cpu", "--gpu",
+                    "h200", "--db", tmp_path / "e.db", "--json", check=True)
     result = json.loads(proc.stdout)
     f = floor(resolve_model("tiny-qwen2"), lookup("h200"), 1024, "bf16", "engine-fp8")
     assert result["ctx"] == 1024 and result["decomposition"]["floor_ms"] == f.floor_ms
     assert result["classes"]["attention"]["bytes"] == f.kv_bytes
-    proc = cli("explain", "--model", "tiny-qwen2", "--ctx", "1025", "--path", "engine-kvfp8",
-               "--device", "cpu", "--gpu", "h200", "--db", tmp_path / "e.db")
+    proc = run_here("explain", "--model", "tiny-qwen2", "--ctx", "1025", "--path",
+                    "engine-kvfp8", "--device", "cpu", "--gpu", "h200", "--db", tmp_path / "e.db")
     assert proc.returncode == 2 and "context above the model's limit: ctx 1025" in proc.stderr
 
 
-def test_the_kv_error_bench_runs_on_a_tiny_config(tmp_path):
-    import subprocess
+def test_the_kv_error_bench_runs_on_a_tiny_config(tmp_path, monkeypatch):
+    import runpy
     import sys
     from pathlib import Path
 
+    # in this process: the script as `python bench/engine_kv_error.py ARGS` runs it, less the
+    # interpreter's start
     out = tmp_path / "kv.json"
     script = Path(__file__).parents[1] / "bench" / "engine_kv_error.py"
-    proc = subprocess.run([sys.executable, str(script), "--model", "tiny-llama", "--ctx", "64",
-                           "--device", "cpu", "--dtype", "float32", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
+    monkeypatch.setattr(sys, "argv", [str(script), "--model", "tiny-llama", "--ctx", "64",
+                                      "--device", "cpu", "--dtype", "float32", "--json", str(out)])
+    runpy.run_path(str(script), run_name="__main__")
     (row,) = json.loads(out.read_text())["rows"]
     assert row["ctx"] == 64 and row["positions"] == 5 and 0 < row["rel_err_median"] < 0.1
     # e4m3's rounding: at most 1/16 of each value, about 2-3% over a vector

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import run_here
 from floorline.engine import quant
 from floorline.engine.check import relative_error
 from floorline.engine.kernels.gemv import GemvConfig, SplitPartials, gemv, gemv_reference
@@ -130,17 +131,18 @@ PLAIN, WIDE, SPLIT3, SPLIT_WORDS, SPLIT_ONE_WARP = GEMV_CONFIGS
 # A covering of the cross product, not all of it (the interpreter's time grows with the
 # programs): each configuration meets int4 and fp8, each int4 group an unsplit launch and a split
 # one, and each format whole blocks of rows (with K whole blocks too: the unmasked path) and a
-# ragged last block (int4's rows come in fours; fp8's and Q8_0's counts may be odd). K = 384 is
-# whole blocks for PLAIN and SPLIT3 only.
-GEMV_CASES = [("int4", 32, 16, PLAIN), ("int4", 128, 20, PLAIN), ("int4", 64, 36, WIDE),
-              ("int4", 128, 8, SPLIT3), ("int4", 32, 20, SPLIT_WORDS),
-              ("int4", 64, 32, SPLIT_ONE_WARP),
+# ragged last block (int4's rows come in fours; fp8's and Q8_0's counts may be odd); int4 and
+# Q4_1, the interpreter's slowest kernel, in one or two row blocks. K = 384 is whole blocks for
+# PLAIN and SPLIT3 only.
+GEMV_CASES = [("int4", 32, 16, PLAIN), ("int4", 128, 12, PLAIN), ("int4", 64, 20, WIDE),
+              ("int4", 128, 4, SPLIT3), ("int4", 32, 12, SPLIT_WORDS),
+              ("int4", 64, 16, SPLIT_ONE_WARP),
               ("fp8", 0, 16, PLAIN), ("fp8", 0, 33, WIDE), ("fp8", 0, 9, SPLIT3),
               ("fp8", 0, 20, SPLIT_WORDS), ("fp8", 0, 32, SPLIT_ONE_WARP)]
 # GGUF blocks as stored: Q4_1 through the int4 kernel (a minimum per group), Q8_0 through the
 # 16-bit one (a scale per block); Q8_0 also in one block of K wider than K itself, and in tiles
 # of one and two rows
-GEMV_CASES += [("q4_1", 32, 16, PLAIN), ("q4_1", 32, 36, WIDE), ("q4_1", 32, 8, SPLIT3),
+GEMV_CASES += [("q4_1", 32, 16, PLAIN), ("q4_1", 32, 20, WIDE), ("q4_1", 32, 4, SPLIT3),
                ("q8_0", 32, 16, PLAIN), ("q8_0", 32, 33, WIDE), ("q8_0", 32, 9, SPLIT3),
                ("q8_0", 32, 5, GemvConfig(1, 512)), ("q8_0", 32, 6, GemvConfig(2, 128, split_k=2))]
 
@@ -162,10 +164,12 @@ def test_quantised_gemv_fusions_match_the_reference(fmt, group, n, config):
 def _fusions_match(w, config, cases, h):
     """Each (x, gemv's keyword arguments, bound on the relative error) of `cases` through the
     kernel against the reference; an accumulating product adds into a copy of `h`. A split
-    launch runs twice: the second finds the partials as the first left them."""
+    launch that meets in partials (any but a plain accumulating product) runs twice: the second
+    finds the partials as the first left them."""
     partials = SplitPartials()
     for x, kwargs, bound in cases:
-        for _ in range(2 if config.split_k > 1 else 1):
+        plain_sum = kwargs.get("accumulate") and "norm" not in kwargs and "up" not in kwargs
+        for _ in range(2 if config.split_k > 1 and not plain_sum else 1):
             if kwargs.get("accumulate"):
                 mine, ref = h.clone(), h.clone()
             else:
@@ -282,11 +286,11 @@ def test_bf16_int4_logits_stay_in_transformers_own_band():
 
 def test_the_int4_kernels_decode_like_transformers():
     r = compare_with_transformers(resolve_model("tiny-llama"), DEVICE, torch.float32,
-                                  prompt_len=8, steps=3, backend="triton", graph=False,
+                                  prompt_len=8, steps=2, backend="triton", graph=False,
                                   weights="int4", head="fp8")
     # the int4 kernel rounds x to 16-bit integers even in an fp32 run (6.5e-5 seen), against
     # 0.17 for the quantisation itself (reported, not asserted)
-    assert r.argmax_agree == r.positions == 4 and max(r.errors) < 5e-4
+    assert r.argmax_agree == r.positions == 3 and max(r.errors) < 5e-4
 
 
 def test_int4_needs_matrix_widths_that_hold_whole_groups():
@@ -403,17 +407,17 @@ def test_an_fp8_checkpoint_with_row_scales_loads_and_block_scales_are_refused(tm
         Engine(resolve_model(str(tmp_path)), "cpu", 32, dtype=torch.float32)
 
 
-def test_quantised_engine_paths_are_cells_against_their_own_floor(cli, tmp_path):
+def test_quantised_engine_paths_are_cells_against_their_own_floor(tmp_path):
     import json
 
     from floorline.traffic import WEIGHT_FORMATS, count_parameters, weight_bytes
 
     db = tmp_path / "q.db"
-    cli("sweep", "--db", db, "--models", "tiny-llama,tiny-qwen2", "--ctx", "16", "--paths",
-        "engine,engine-int4,engine-fp8-fp8head", "--steps", "3", "--warmup", "1",
-        "--device", "cpu", check=True)
-    rows = {(r["model"], r["path"]): r for r in json.loads(cli("show", "--db", db, "--json",
-                                                               check=True).stdout)}
+    run_here("sweep", "--db", db, "--models", "tiny-llama,tiny-qwen2", "--ctx", "16", "--paths",
+             "engine,engine-int4,engine-fp8-fp8head", "--steps", "3", "--warmup", "1",
+             "--device", "cpu", check=True)
+    rows = {(r["model"], r["path"]): r for r in json.loads(run_here("show", "--db", db, "--json",
+                                                                    check=True).stdout)}
     # hidden 96: groups of 32, and the floor counts theirs
     qwen = rows["tiny-qwen2", "engine-int4"]
     assert qwen["status"] == "valid" and qwen["weight_format"] == "engine-int4-g32"

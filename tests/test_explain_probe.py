@@ -2,10 +2,11 @@ import json
 
 import pytest
 
-from conftest import gpu_only, run_cli
+from conftest import gpu_only, run_here
 from floorline.hardware import lookup
 from floorline.measure.explain import by_class, classify, decompose, exclusive, explain, union_us
 from floorline.measure.probe import probe
+from floorline.measure.quality import RANDOM_WEIGHTS
 
 
 def test_union_of_overlapping_intervals():
@@ -109,11 +110,14 @@ def test_probe_on_the_cpu_and_in_the_cells_table(tmp_path):
     assert r["stream_read_gbps"] > 0 and r["copy_gbps"] > 0 and r["eager_us"] > 0
     assert r["graph_us"] is None and r["sync_us"] is None
     db = tmp_path / "r.db"
-    run_cli("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "16", "--steps", "3",
-            "--paths", "hf-eager", "--device", "cpu", "--gpu", "l4", check=True)
-    probed = json.loads(run_cli("probe", "--db", db, "--device", "cpu", "--buffer-mib", "8",
-                                "--model", "tiny-llama", "--json", check=True).stdout)
+    run_here("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "16", "--steps", "3",
+             "--paths", "hf-eager", "--device", "cpu", "--gpu", "l4", check=True)
+    probed = json.loads(run_here("probe", "--db", db, "--device", "cpu", "--buffer-mib", "8",
+                                 "--model", "tiny-llama", "--json", check=True).stdout)
     assert set(probed["gemv_gbps"]) >= {"384x128", "1024x128"}
-    cell = json.loads(run_cli("show", "--db", db, "--json", check=True).stdout)[0]
+    cell = json.loads(run_here("show", "--db", db, "--json", check=True).stdout)[0]
     expected = cell["total_bytes"] / (probed["stream_read_gbps"] * 1e6) / cell["median_ms"]
-    assert f"{expected:.1%}" in run_cli("show", "--db", db, check=True).stdout
+    shown = run_here("show", "--db", db, check=True).stdout
+    assert f"{expected:.1%}" in shown
+    # its one cell of random weights: quality noted as not measured, once, in no column
+    assert shown.count(f"quality: {RANDOM_WEIGHTS}") == 1 and "ppl vs fp32" not in shown

@@ -12,13 +12,15 @@ from functools import partial
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import run_here
 
 distributed = pytest.importorskip("distributed")
 
 GPU = "l4"  # a catalogue entry, so that the floor does not depend on the host's bandwidth
-GRID = ("--models", "tiny-llama", "--ctx", "32,64", "--paths",
-        "hf-eager,hf-static+graphs", "--steps", "5", "--warmup", "2", "--gpu", GPU)
+# A cell for each worker: one measured, on the engine (its process starts sooner than one that
+# imports transformers' models), and one invalid without a GPU (graphs)
+GRID = ("--models", "tiny-llama", "--ctx", "32", "--paths", "engine,hf-static+graphs",
+        "--steps", "5", "--warmup", "2", "--gpu", GPU)
 
 
 @pytest.fixture(scope="module")
@@ -50,19 +52,20 @@ def test_fleet_sweep_stores_the_in_process_sweeps_cells(tmp_path, cluster):
     from floorline.store import Store
 
     fleet_db, local_db = tmp_path / "fleet.db", tmp_path / "local.db"
-    proc = run_cli("sweep", "--db", fleet_db, "--cluster", cluster.scheduler_address,
-                   "--device", "cpu", *GRID, check=True)
-    assert "4 measured, 0 already valid (skipped), on 2 worker(s)" in proc.stdout
-    assert "fleet" in proc.stderr and "4/4" in proc.stderr
+    # through main() in this process: the cells run on the workers' processes either way
+    proc = run_here("sweep", "--db", fleet_db, "--cluster", cluster.scheduler_address,
+                    "--device", "cpu", *GRID, check=True)
+    assert "2 measured, 0 already valid (skipped), on 2 worker(s)" in proc.stdout
+    assert "fleet" in proc.stderr and "2/2" in proc.stderr
     # The same grid swept in this process, as `floorline sweep` does without --cluster (its
     # cells forked from a warm worker)
     in_process = Sweep(Store(local_db), "cpu", lookup(GPU))
     with warm_worker("cpu"):
-        for key in Grid(("tiny-llama",), (32, 64), ("hf-eager", "hf-static+graphs")).cells(5, 2):
+        for key in Grid(("tiny-llama",), (32,), ("engine", "hf-static+graphs")).cells(5, 2):
             in_process.run_cell(key)
     fleet, local = Store(fleet_db).rows(), Store(local_db).rows()
-    assert len(fleet) == 4 and content(fleet) == content(local)
-    assert sum(c.status == "valid" for c in fleet) == 2
+    assert len(fleet) == 2 and content(fleet) == content(local)
+    assert sum(c.status == "valid" for c in fleet) == 1
     # Each cell names the worker that measured it, and both workers measured.
     names = {str(w.name) for w in cluster.scheduler.workers.values()}
     assert {c.details["worker"]["name"] for c in fleet} == names
@@ -71,16 +74,17 @@ def test_fleet_sweep_stores_the_in_process_sweeps_cells(tmp_path, cluster):
 
 
 def hang_or_die(marker_dir, key, device, gpu, seed, trust_remote_code, timeout_s):
-    """A test's cell runner on the workers: ctx 24 hangs on its first attempt until the test
-    kills its worker; ctx 40 kills its own worker every time; the rest are measured."""
-    from floorline.measure.fleet import measure_one
+    """A test's cell runner on the workers: ctx 24 hangs until the test kills its worker (the
+    test marks it killed first, so that its next attempt does not hang); ctx 40 kills its own
+    worker every time; ctx 16 is measured. In the worker's own process: measure_one's fresh
+    process for each cell is the fleet sweep's test, and its start would only slow this one."""
+    from floorline.measure.cell import measure_cell
 
-    if key.ctx == 24 and not (marker_dir / "hung").exists():
-        (marker_dir / "hung").touch()
+    if key.ctx == 24 and not (marker_dir / "killed").exists():
         threading.Event().wait(120)  # the test kills this worker first
     if key.ctx == 40:
         os.kill(os.getpid(), signal.SIGKILL)
-    return measure_one(key, device, gpu, seed, trust_remote_code, timeout_s)
+    return measure_cell(key, device, gpu, seed, trust_remote_code)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() == 1, reason="two workers pinned to GPUs 0 and 1: "
@@ -95,7 +99,7 @@ def test_a_worker_killed_mid_cell_loses_no_cell_and_stores_none_twice(tmp_path, 
 
     # The environment stored must be the worker's: this process's would say so
     monkeypatch.setattr(fleet, "environment", lambda device: {"device": "the driver's"})
-    keys = [CellKey("tiny-llama", ctx, "hf-eager", 4, 1) for ctx in (16, 24, 32, 40)]
+    keys = [CellKey("tiny-llama", ctx, "engine", 4, 1) for ctx in (16, 24, 40)]
     store = Store(tmp_path / "r.db")
     # Two workers as `local-cuda` starts them for two GPUs (on the CPU here)
     cluster = fleet.local_cuda_cluster(["0", "1"])
@@ -111,6 +115,7 @@ def test_a_worker_killed_mid_cell_loses_no_cell_and_stores_none_twice(tmp_path, 
             starts.append((key.ctx, started.worker, started.pid))
             if key.ctx == 24 and not killed:  # it now hangs: kill its worker from outside
                 killed.append(started.pid)
+                (tmp_path / "killed").touch()
                 os.kill(started.pid, signal.SIGKILL)
 
         with f:
@@ -120,14 +125,13 @@ def test_a_worker_killed_mid_cell_loses_no_cell_and_stores_none_twice(tmp_path, 
             fleet.sweep(f, store, todo, "cpu", lookup(GPU), attempts=2, on_start=on_start,
                         task_fn=partial(fleet.run_task, measure=partial(hang_or_die, tmp_path)))
             # Resumed, only the lost cell is measured again; with --force, every cell.
-            assert fleet.to_measure(f, store, keys, "cpu", lookup(GPU))[0] == keys[3:]
+            assert fleet.to_measure(f, store, keys, "cpu", lookup(GPU))[0] == keys[2:]
             assert fleet.to_measure(f, store, keys, "cpu", lookup(GPU), force=True)[0] == keys
     rows = store.rows(latest=False)
-    assert sorted(r.ctx for r in rows) == [16, 24, 32, 40]  # each stored once
+    assert sorted(r.ctx for r in rows) == [16, 24, 40]  # each stored once
     assert {r.fingerprint["device"] for r in rows} == {environment("cpu")["device"]}
     by_ctx = {r.ctx: r for r in rows}
-    assert all(by_ctx[c].status == "valid" and len(by_ctx[c].samples_ms) == 4
-               for c in (16, 24, 32))
+    assert all(by_ctx[c].status == "valid" and len(by_ctx[c].samples_ms) == 4 for c in (16, 24))
     assert by_ctx[24].fingerprint_key in env_keys
     # ctx 24 started twice: hung on the worker that was killed, then measured on another.
     tries = [(w, pid) for ctx, w, pid in starts if ctx == 24]
@@ -149,16 +153,17 @@ def test_ab_spreads_its_sessions_over_the_fleet(tmp_path, cluster):
     import random
 
     db = tmp_path / "ab.db"
-    proc = run_cli("ab", "--db", db, "--cluster", cluster.scheduler_address, "--device", "cpu",
-                   "--gpu", GPU, "--a", "hf-eager", "--b", "hf-static", "--model", "tiny-llama",
-                   "--ctx", "32", "--sessions", "2", "--steps", "4", "--block", "2",
-                   "--warmup", "1", "--seed", "7", "--json", check=True)
+    # two of the engine's formats: unpaired (two bases), their processes quick to start
+    proc = run_here("ab", "--db", db, "--cluster", cluster.scheduler_address, "--device", "cpu",
+                    "--gpu", GPU, "--a", "engine", "--b", "engine-fp8", "--model", "tiny-llama",
+                    "--ctx", "32", "--sessions", "2", "--steps", "4", "--block", "2",
+                    "--warmup", "1", "--seed", "7", "--json", check=True)
     summary = json.loads(proc.stdout)
     assert summary["sessions"] == 2 and summary["failed"] == 0 and summary["gpu"] == GPU
     # Each session ran with its own seed: unpaired, the seed picks which arm goes first.
     for s in summary["per_session"]:
         first = random.Random(7 * 1_000_003 + s["index"]).randrange(2)
-        assert s["first_arm"] == ("hf-eager", "hf-static")[first]
+        assert s["first_arm"] == ("engine", "engine-fp8")[first]
         assert s["ratio"] == pytest.approx(s["ms_a"] / s["ms_b"])
     db_rows = sqlite3.connect(db).execute("SELECT idx, status FROM ab_sessions ORDER BY idx")
     assert db_rows.fetchall() == [(0, "ok"), (1, "ok")]

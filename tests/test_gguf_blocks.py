@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import run_here
 from floorline.errors import FloorlineError
 from floorline.hardware import lookup
 from floorline.models import resolve_model
@@ -185,16 +185,17 @@ def test_a_cut_short_file_is_one_line(tmp_path):
         open_gguf(path)
 
 
-def test_a_sweep_measures_the_file_and_refuses_random_weights(tmp_path):
+def test_a_sweep_measures_the_file_and_refuses_random_weights(tmp_path, monkeypatch):
     (tmp_path / "m").mkdir()
     directory = model_dir(tmp_path / "m", "q4_1")
     db = tmp_path / "r.db"
-    done = run_cli("sweep", "--db", db, "--device", "cpu", "--models", f"{directory},tiny-llama",
-                   "--ctx", "16", "--paths", "engine-gguf", "--steps", "4", "--warmup", "2",
-                   "--no-quality", env={"FLOORLINE_CACHE": str(tmp_path / "cache")})
+    monkeypatch.setenv("FLOORLINE_CACHE", str(tmp_path / "cache"))
+    done = run_here("sweep", "--db", db, "--device", "cpu", "--models", f"{directory},tiny-llama",
+                    "--ctx", "16", "--paths", "engine-gguf", "--steps", "4", "--warmup", "2",
+                    "--no-quality")
     assert "Traceback" not in done.stderr, done.stderr
-    cells = {c["model"]: c for c in json.loads(run_cli("show", "--db", db, "--json",
-                                                       check=True).stdout)}
+    cells = {c["model"]: c for c in json.loads(run_here("show", "--db", db, "--json",
+                                                        check=True).stdout)}
     mine = cells[str(directory)]
     assert mine["status"] == "valid", mine
     assert mine["weight_format"] == "engine-q4_1-q8_0head"

@@ -6,8 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from floorline import store as store_module
 from floorline.records import INVALID, VALID, CellKey, CellResult
 from floorline.store import Store
@@ -84,9 +82,10 @@ def test_every_test_file_is_in_exactly_one_stage():
     assert len(files) == len(set(files)) and all(stages.values())
 
 
-# Each outcome a stage must name, under xdist's controller as on the GPU machine: the hang past
-# the per-test limit fails with its stack; cut off by the stage's limit, it is unfinished and
-# the tests after it, in the same file, are named as not run.
+# Each outcome a stage must name, under xdist's controller as on the GPU machine, in one run: a
+# hang past the per-test limit fails with its stack and the tests after it run; a hang with no
+# such limit, cut off by the stage's limit, is unfinished and the tests after it, in the same
+# file, are named as not run.
 STAGE_TESTS = '''
 import time
 import pytest
@@ -107,6 +106,13 @@ def test_errors(broken):
 def test_hangs():
     time.sleep(600)
 
+def test_after_the_timeout():
+    pass
+
+@pytest.mark.timeout(0)
+def test_hangs_past_the_stage():
+    time.sleep(600)
+
 def test_after_the_hang():
     pass
 '''
@@ -114,32 +120,27 @@ def test_after_the_hang():
 
 # The hang outlasts the cut-off and both signals' grace (on a 16-core GPU host running the suite,
 # a planted hang of 30 s cut off at 8 s ran to its end within SIGINT's 30 s of grace and passed);
-# the cut-off at 20 s leaves a loaded host time to start the tests before it. SIGINT's grace is
-# 5 s here, not the tool's 30: the verdict is read from the journal, whether SIGINT ends the run
-# or, where it cannot (a pytest started with SIGINT ignored, as in the background), SIGKILL.
-@pytest.mark.parametrize("test_timeout, limit", [(2, 60), (60, 20)],
-                         ids=["test-limit", "cut-off"])
-def test_a_stage_names_every_failure_and_what_did_not_finish(tmp_path, test_timeout, limit):
+# the cut-off at 22 s leaves a loaded host 20 s to reach the second hang, past the first one's
+# 2 s. SIGINT's grace is 5 s here, not the tool's 30: the verdict is read from the journal,
+# whether SIGINT ends the run or, where it cannot (a pytest started with SIGINT ignored, as in
+# the background), SIGKILL.
+def test_a_stage_names_every_failure_and_what_did_not_finish(tmp_path):
     tests = tmp_path / "test_planted.py"
     tests.write_text(STAGE_TESTS)
-    passed, lines = suite_stages().run_stage("planted", [tests], tmp_path, 2, test_timeout,
-                                             limit, grace=5)
+    passed, lines = suite_stages().run_stage("planted", [tests], tmp_path, 2, 2, 22, grace=5)
     assert not passed
+    assert lines[0].startswith("suite planted: FAIL 2 failed, 1 error, 1 unfinished, 2 passed, "
+                               "1 not run (")
+    assert lines[0].endswith(", cut off at the stage's limit)")
     # each named test by its file and name: its node id's folders follow pytest's rootdir,
     # which for a file outside the project depends on where the temporary folder lies
     named = [[*words[:-1], words[-1].rsplit("/", 1)[-1]]
              for words in (line.split() for line in lines[1:])]
     assert ["failed", "test_planted.py::test_fails"] in named
+    assert ["failed", "test_planted.py::test_hangs"] in named
     assert ["error", "test_planted.py::test_errors"] in named
-    if limit == 20:
-        assert lines[0].startswith("suite planted: FAIL 1 failed, 1 error, 1 unfinished, "
-                                   "1 passed, 1 not run (")
-        assert lines[0].endswith(", cut off at the stage's limit)")
-        assert ["unfinished", "test_planted.py::test_hangs"] in named
-        assert ["not", "run", "test_planted.py::test_after_the_hang"] in named
-    else:
-        assert lines[0].startswith("suite planted: FAIL 2 failed, 1 error, 2 passed (")
-        assert ["failed", "test_planted.py::test_hangs"] in named
-        assert "Timeout" in (tmp_path / "planted.failures").read_text()
-    assert "the planted failure" in (tmp_path / "planted.failures").read_text()
+    assert ["unfinished", "test_planted.py::test_hangs_past_the_stage"] in named
+    assert ["not", "run", "test_planted.py::test_after_the_hang"] in named
+    failures = (tmp_path / "planted.failures").read_text()
+    assert "the planted failure" in failures and "Timeout" in failures
     assert "PASSED" in (tmp_path / "planted.log").read_text()  # each outcome as it came

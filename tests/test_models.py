@@ -7,7 +7,7 @@ import torch
 from tests.test_engine_families import CONFIGS as FAMILY_CONFIGS
 from tests.test_engine_families import spec as family_spec
 
-from conftest import shipped_config
+from conftest import run_here, shipped_config
 from floorline import traffic
 from floorline.errors import FloorlineError
 from floorline.hardware import lookup
@@ -100,14 +100,14 @@ def test_impossible_sizes_are_one_line_naming_the_field(tmp_path, change, messag
     ({"num_hidden_layers": 0}, "num_hidden_layers = 0 is outside 1..4096"),
     ({"hidden_size": "128"}, "Field 'hidden_size' expected int, got str"),
 ])
-def test_an_impossible_size_is_one_line_from_the_command(tmp_path, cli, change, message):
+def test_an_impossible_size_is_one_line_from_the_command(tmp_path, change, message):
     (tmp_path / "config.json").write_text(json.dumps({**shipped_config("tiny-llama"), **change}))
-    proc = cli("floor", "--model", tmp_path, "--gpu", "l4", "--ctx", "64")
+    proc = run_here("floor", "--model", tmp_path, "--gpu", "l4", "--ctx", "64")
     assert proc.returncode == 2 and message.split(" is ")[0] in proc.stderr.replace("\n", " ")
     assert str(tmp_path / "config.json") in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_shipped_models_resolve_in_any_case_and_by_their_hub_id(tmp_path, cli):
+def test_shipped_models_resolve_in_any_case_and_by_their_hub_id(tmp_path):
     assert resolve_model("Qwen/Qwen2.5-7B").name == "qwen2.5-7b"
     assert resolve_model("meta-llama/llama-3.1-8b").name == "llama-3.1-8b"
     assert resolve_model("Mistral-7B-v0.3").name == "mistral-7b-v0.3"
@@ -115,8 +115,8 @@ def test_shipped_models_resolve_in_any_case_and_by_their_hub_id(tmp_path, cli):
         resolve_model("qwen2.5-7")
     with pytest.raises(FloorlineError, match="nor a directory$"):
         resolve_model("no-such-model-anywhere")
-    proc = cli("floor", "--model", "Qwen/Qwen2.5-7B", "--gpu", "h200", "--ctx", "2048", "--json",
-               check=True)
+    proc = run_here("floor", "--model", "Qwen/Qwen2.5-7B", "--gpu", "h200", "--ctx", "2048",
+                    "--json", check=True)
     assert json.loads(proc.stdout)[0]["model"] == "qwen2.5-7b"
 
 

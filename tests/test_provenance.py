@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_here
 from floorline.measure import provenance
 from floorline.measure.fingerprint import environment, fingerprint_key
 from floorline.records import VALID, CellKey, CellResult
@@ -144,15 +144,15 @@ def test_every_flag_floorline_reads_is_listed(name):
     assert name in sources or name in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET")
 
 
-def test_a_sweep_records_its_run_and_show_lists_it(tmp_path):
+def test_a_sweep_records_its_run_and_show_lists_it(tmp_path, monkeypatch):
     db = tmp_path / "r.db"
-    run_cli("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "16", "--paths", "engine",
-            "--steps", "8", "--warmup", "2", "--device", "cpu", check=True,
-            env={"FLOORLINE_RUN_LABEL": "bench stage x"})
+    monkeypatch.setenv("FLOORLINE_RUN_LABEL", "bench stage x")
+    run_here("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "16", "--paths", "engine",
+             "--steps", "8", "--warmup", "2", "--device", "cpu", check=True)
     (run,) = Store(db, read_only=True).runs()
     assert run["command"] == "sweep" and run["label"] == "bench stage x" and run["finished_at"]
     assert run["argv"][:2] == ["floorline", "sweep"] and run["rows"]["cells"] == 1
     assert run["options"]["paths"] == ["engine"] and run["options"]["steps"] == 8
     assert run["options"]["warmup"] == 2 and run["options"]["gpu"]["name"] == "cpu"
-    shown = run_cli("show", "--db", db, "--provenance", check=True).stdout
+    shown = run_here("show", "--db", db, "--provenance", check=True).stdout
     assert "bench stage x" in shown and run["provenance"]["code"]["kernels_sha256"][:12] in shown

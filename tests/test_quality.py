@@ -158,13 +158,11 @@ def test_a_measurement_whose_process_dies_stays_invalid_with_its_cause(checkpoin
     assert sweep.run_quality(key) is not None  # tried again, not skipped
 
 
-def test_the_quality_and_show_commands(cli, checkpoint, tmp_path):
+def test_the_quality_and_show_commands(checkpoint, tmp_path):
     db = tmp_path / "q.db"
     args = ("--tokens", TOKENS, "--window", WINDOW, "--db", db, "--device", "cpu")
-    run = cli("quality", "--models", checkpoint, "--paths", "engine", *args, timeout=900)
-    assert run.returncode == 0, run.stderr
+    run = run_here("quality", "--models", checkpoint, "--paths", "engine", *args, check=True)
     assert "1 measured" in run.stdout and "agree" in run.stdout and "%" in run.stdout
-    # the rest through main() in this process (the first ran as a user runs it)
     run_here("quality", "--models", f"{checkpoint},tiny-llama", "--paths", "engine", *args,
              check=True)
     rows = Store(db).quality_rows()
@@ -182,22 +180,14 @@ def test_the_quality_and_show_commands(cli, checkpoint, tmp_path):
     assert "Quality against float32" in (tmp_path / "report" / "report.md").read_text()
 
 
-def test_show_notes_random_weights_once(cli, tmp_path):
-    db = tmp_path / "r.db"
-    cli("sweep", "--models", "tiny-llama", "--ctx", 16, "--paths", "engine", "--steps", 3,
-        "--warmup", 1, "--db", db, "--device", "cpu", check=True)
-    shown = cli("show", "--db", db)
-    assert f"quality: {RANDOM_WEIGHTS}" in shown.stdout and "ppl vs fp32" not in shown.stdout
-
-
 @pytest.mark.parametrize("args, message", [
     (("--tokens", "100", "--window", "64"), "--tokens must be a whole number of windows of 64"),
     (("--window", "1"), "--window must be at least 2 tokens"),
     (("--paths", "engine+graphs"), "measure the quality of engine"),
 ])
-def test_bad_quality_options_are_one_line(cli, tmp_path, args, message):
+def test_bad_quality_options_are_one_line(tmp_path, args, message):
     base = {"--models": "tiny-llama", "--paths": "engine"}
     base.update(dict(zip(args[::2], args[1::2])))
-    run = cli("quality", *[v for kv in base.items() for v in kv], "--db", tmp_path / "q.db")
+    run = run_here("quality", *[v for kv in base.items() for v in kv], "--db", tmp_path / "q.db")
     assert run.returncode == 2 and message in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import needs_bnb, run_cli
+from conftest import needs_bnb, run_here
 from floorline.hardware import lookup
 from floorline.measure.cell import measure_cell
 from floorline.measure.reduction import describe, reductions, reference_path
@@ -38,25 +38,19 @@ def test_a_missing_library_is_an_invalid_cell_saying_what_to_install(name, monke
     assert (cell.status, cell.reason) == ("invalid", "path unavailable: " + reason)
 
 
-def test_a_missing_library_through_the_cli(tmp_path):
+def test_a_missing_library_through_the_cli(tmp_path, monkeypatch):
     # A path whose module cannot be found: the sweep records the invalid cell and goes on. A
     # fixed warm-up and fewer than 32 timed steps: a busy host cannot make the cell unsteady.
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda m, *a, **k: None if m == "torchao" else real(m, *a, **k))
     db = tmp_path / "r.db"
-    code = ("import importlib.util, sys; real = importlib.util.find_spec; "
-            "importlib.util.find_spec = "
-            "lambda m, *a, **k: None if m == 'torchao' else real(m, *a, **k); "
-            "from floorline.cli import main; sys.argv = ['floorline'] + sys.argv[1:]; main()")
-    import subprocess
-    import sys
-
-    proc = subprocess.run([sys.executable, "-c", code, "sweep", "--db", str(db), "--models",
-                           "tiny-llama", "--ctx", "16", "--paths", "torchao-int4,hf-static",
-                           "--steps", "2", "--warmup", "2", "--gpu", "l4"],
-                          capture_output=True, text=True)
+    proc = run_here("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "16", "--paths",
+                    "torchao-int4,hf-static", "--steps", "2", "--warmup", "2", "--gpu", "l4")
     assert proc.returncode == 0, proc.stderr
     message = "torchao is not installed (pip install 'floorline[torchao]')"
     assert message in " ".join(proc.stderr.split())  # the console wraps long lines
-    shown = json.loads(run_cli("show", "--db", db, "--json", check=True).stdout)
+    shown = json.loads(run_here("show", "--db", db, "--json", check=True).stdout)
     cells = {c["path"]: c for c in shown}
     assert cells["hf-static"]["status"] == "valid"
     assert cells["torchao-int4"]["reason"] == "path unavailable: " + message

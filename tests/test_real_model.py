@@ -19,6 +19,8 @@ from floorline.models import fetch, resolve_model
 NAME = "smollm2-135m"
 PACKAGED = fetch.PACKAGED[NAME]
 NEW = 32  # greedy tokens per prompt
+# Every fourth prompt, chat and plain (six of them): the GPU check's model part decodes them all
+SAMPLED = PROMPTS[::4]
 
 
 @pytest.fixture(scope="session")
@@ -111,9 +113,9 @@ def test_conversion_equals_transformers_gguf_loader(smollm2, wheel, tmp_path):
 
 @pytest.fixture(scope="session")
 def continuations(engines, tokenizer):
-    """Every prompt's ids and the engine's 32 greedy tokens after them, in float32."""
+    """The sampled prompts' ids and the engine's 32 greedy tokens after them, in float32."""
     return [(ids, engine_greedy(engines[torch.float32], ids, NEW))
-            for ids in (prompt_ids(tokenizer, p) for p in PROMPTS)]
+            for ids in (prompt_ids(tokenizer, p) for p in SAMPLED)]
 
 
 def teacher_forced(model, ids: list[int], tokens: list[int]) -> torch.Tensor:
@@ -131,7 +133,7 @@ def first_divergence(logits: torch.Tensor, tokens: list[int]) -> int:
 
 def test_engine_float32_matches_transformers_on_real_prompts(continuations, tokenizer,
                                                              reference):
-    """Every prompt's 32 greedy tokens: transformers, fed the engine's tokens, picks the same
+    """Each sampled prompt's 32 greedy tokens: transformers, fed the engine's tokens, picks the same
     token at every position, except at a true tie (top-2 margin reported)."""
     ties = []
     for ids, ours in continuations:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from conftest import run_cli
+from conftest import run_here
 from floorline import timing
 from floorline.measure.steadiness import unsteady_reason
 from floorline.stats import median_interval
@@ -211,11 +211,11 @@ def test_a_width_not_reached_is_an_unsteady_cell_saying_so(tmp_path):
     # At ctx 1900 tiny-llama's 2048 positions leave room for 148 steps: the cap, reached long
     # before an interval 1e-9 of the median.
     db = tmp_path / "r.db"
-    proc = run_cli("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "1900", "--paths",
+    proc = run_here("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "1900", "--paths",
                    "hf-eager", "--steps", "auto", "--rel-width", "1e-9", "--warmup", "0",
                    "--device", "cpu", "--gpu", "l4", check=True)
     assert "unsteady: tiny-llama ctx=1900 hf-eager: --steps auto stopped" in proc.stderr
-    [cell] = json.loads(run_cli("show", "--db", db, "--json", check=True).stdout)
+    [cell] = json.loads(run_here("show", "--db", db, "--json", check=True).stdout)
     low, high = cell["details"]["median_ci_ms"]
     assert cell["status"] == "unsteady" and cell["details"]["width_reached"] is False
     assert cell["reason"].startswith(
@@ -223,7 +223,7 @@ def test_a_width_not_reached_is_an_unsteady_cell_saying_so(tmp_path):
         f"{low:.3g}-{high:.3g} ms, {(high - low) / cell['median_ms']:.3g} of the median "
         f"{cell['median_ms']:.3g} ms, wider than the --rel-width 1e-09 asked")
     assert "or with a wider --rel-width" in cell["reason"]
-    assert "unsteady" in run_cli("show", "--db", db, check=True).stdout
+    assert "unsteady" in run_here("show", "--db", db, check=True).stdout
 
 
 def test_why_a_cell_whose_width_was_not_reached_is_not_valid():
@@ -277,8 +277,8 @@ def test_plan_caps_shrink_to_the_positions_left():
      "--rel-width takes at most 6 significant digits, got 0.5000001"),
 ])
 def test_bad_step_options_are_one_line(tmp_path, args, message):
-    proc = run_cli("sweep", "--db", tmp_path / "r.db", "--models", "tiny-llama", "--ctx", "16",
-                   "--gpu", "l4", *args)
+    proc = run_here("sweep", "--db", tmp_path / "r.db", "--models", "tiny-llama", "--ctx", "16",
+                    "--gpu", "l4", *args)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert not (tmp_path / "r.db").exists()
@@ -289,7 +289,7 @@ def test_bad_step_options_are_one_line(tmp_path, args, message):
     ("explain", "--path", "hf-eager"),
 ])
 def test_bad_warmup_of_ab_and_explain_is_one_line(tmp_path, command):
-    proc = run_cli(*command, "--model", "tiny-llama", "--ctx", "16", "--warmup", "x",
-                   "--db", tmp_path / "r.db", "--gpu", "l4")
+    proc = run_here(*command, "--model", "tiny-llama", "--ctx", "16", "--warmup", "x",
+                    "--db", tmp_path / "r.db", "--gpu", "l4")
     assert proc.returncode == 2 and "--warmup must be 'auto'" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

@@ -3,7 +3,7 @@ same cache, in every weight and cache format, on held-out family configs."""
 
 import pytest
 import torch
-from tests.conftest import KERNEL_DEVICE, moved
+from tests.conftest import KERNEL_DEVICE, moved, run_here
 from tests.test_engine_families import spec as family_spec
 
 from floorline.engine import Engine
@@ -77,9 +77,10 @@ def test_the_kernels_verify_as_the_reference_does(split_k, monkeypatch):
     from floorline.engine import tuning
     from floorline.engine.kernels.gemv import GemvConfig
 
-    if split_k > 1:  # every product, the GEMVs' and the rows products', split in two
+    if split_k > 1:  # every product, the GEMVs' and the rows products', split in two, in
+        # 128 columns a program: as many programs as unsplit (the interpreter's time is per program)
         monkeypatch.setattr(tuning.GemvTuner, "config",
-                            lambda self, w, out, **flags: GemvConfig(32, 32, split_k=2))
+                            lambda self, w, out, **flags: GemvConfig(128, 64, split_k=2))
     spec = resolve_model("tiny-llama")
     mine = engine(spec, backend="triton")
     theirs = Engine(spec, "cpu", 96, dtype=torch.float32, backend="reference",
@@ -167,7 +168,7 @@ def test_the_rows_product_refuses_a_launch_it_cannot_run():
     w = torch.randn(32, 128)
     x, out = torch.randn(2, 128), torch.empty(2, 32)
     with pytest.raises(ValueError, match="needs partials"):
-        rows_product(x, w, out, config=GemvConfig(32, 64, split_k=2))
+        rows_product(x, w, out, config=GemvConfig(128, 64, split_k=2))
     with pytest.raises(ValueError, match="tiles of at least 16"):
         rows_product(x, w, out, config=GemvConfig(8, 64))
     with pytest.raises(ValueError, match="one group of 64 a tile"):
@@ -221,18 +222,18 @@ def test_a_verify_path_names_its_tokens(text, message):
         parse_path(text)
 
 
-def test_a_verify_cell_times_the_verify_step_against_the_one_step_floor(tmp_path, cli):
+def test_a_verify_cell_times_the_verify_step_against_the_one_step_floor(tmp_path):
     import json
 
     from floorline.paths import parse_path
 
     assert parse_path("engine-int4+verify8").name == "engine-int4+verify8"
     db = tmp_path / "r.db"
-    cli("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "16", "--paths",
-        "engine,engine+verify8", "--steps", "3", "--warmup", "1", "--device", "cpu", "--gpu",
-        "h200", check=True)
-    cells = {c["path"]: c for c in json.loads(cli("show", "--db", db, "--json",
-                                                  check=True).stdout)}
+    run_here("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "16", "--paths",
+             "engine,engine+verify8", "--steps", "3", "--warmup", "1", "--device", "cpu",
+             "--gpu", "h200", check=True)
+    cells = {c["path"]: c for c in json.loads(run_here("show", "--db", db, "--json",
+                                                       check=True).stdout)}
     one, eight = cells["engine"], cells["engine+verify8"]
     assert one["status"] == eight["status"] == "valid"
     assert eight["details"]["verify_tokens"] == 8 and "verify_tokens" not in one["details"]
