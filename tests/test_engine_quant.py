@@ -9,7 +9,13 @@ import torch
 from conftest import run_here
 from floorline.engine import quant
 from floorline.engine.check import relative_error
-from floorline.engine.kernels.gemv import GemvConfig, SplitPartials, gemv, gemv_reference
+from floorline.engine.kernels.gemv import (
+    GemvConfig,
+    SplitPartials,
+    gemv,
+    gemv_reference,
+    meets_in_partials,
+)
 from floorline.layouts import awq, gptq
 from floorline.layouts.checkpoint import write_packed_checkpoint
 from floorline.layouts.int4 import random_groups
@@ -168,8 +174,9 @@ def _fusions_match(w, config, cases, h):
     finds the partials as the first left them."""
     partials = SplitPartials()
     for x, kwargs, bound in cases:
-        plain_sum = kwargs.get("accumulate") and "norm" not in kwargs and "up" not in kwargs
-        for _ in range(2 if config.split_k > 1 and not plain_sum else 1):
+        meets = meets_in_partials(config, accumulate=kwargs.get("accumulate", False),
+                                  norm=kwargs.get("norm"), up=kwargs.get("up"))
+        for _ in range(2 if meets else 1):
             if kwargs.get("accumulate"):
                 mine, ref = h.clone(), h.clone()
             else:

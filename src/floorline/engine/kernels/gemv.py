@@ -502,6 +502,13 @@ def _gemv_int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, up_ptr, up_s_ptr, up_z_ptr, bi
 ACTIVATIONS = ("silu", "gelu_tanh")  # of the gated product (`up`)
 
 
+def meets_in_partials(config: GemvConfig, *, accumulate: bool = False, norm=None,
+                      up=None) -> bool:
+    """Whether a launch's K-splits meet in SplitPartials: all but a plain accumulating product,
+    whose splits simply add into out."""
+    return config.split_k > 1 and not (accumulate and norm is None and up is None)
+
+
 def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None, bias=None,
          accumulate: bool = False, act: str = "silu",
          partials: SplitPartials | None = None) -> None:
@@ -514,7 +521,7 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
     n, k = w.shape
     if x.numel() != k or out.numel() != n:
         raise ValueError(f"W is {n}x{k}, x has {x.numel()} elements and out {out.numel()}")
-    reduce = config.split_k > 1 and not (accumulate and norm is None and up is None)
+    reduce = meets_in_partials(config, accumulate=accumulate, norm=norm, up=up)
     if reduce and partials is None:
         raise ValueError("a K-split of a product that stores, normalises or gates needs "
                          "partials (SplitPartials) where its splits meet")
