@@ -4,14 +4,19 @@ was chosen from (floorline.engine.cpu). Two parts, each in this one process:
 1. products: every decoder matrix of a model's shapes (30 layers' qkv, o, gate, up, down, in
    turn, so that none stays in cache) and its head, as a one-row product, by each route: bf16
    through PyTorch's default (oneDNN), through ATen's own GEMV (oneDNN off), through oneDNN's
-   packed weights, fp32 (the reference's), int8 (`torch._weight_int8pack_mm`); and bf16 rows
-   for a verify step both ways. Median ms over --runs.
-2. steps: the engine's step (`cpu` and `reference` backends) and hf-eager's on SmolLM2-135M
-   (fetched: `floorline models fetch smollm2-135m`) at each context, interleaved step by step
-   windows so that a disturbance of the host falls on all alike; the median ms of each and the
-   ratio hf-eager / engine.
+   packed weights (where the processor has AVX-512), fp32 (the reference's), int8
+   (`torch._weight_int8pack_mm`); and 1 to 256 bf16 rows (a verify step, a prefill's chunk)
+   through oneDNN, ATen and widened to fp32 (floorline.engine.cpu_products). Median ms over
+   --runs.
+2. steps: the engine's step (`cpu` and `reference` backends, with the routes the CPU step
+   chose) and hf-eager's on SmolLM2-135M (fetched: `floorline models fetch smollm2-135m`) at
+   each context, interleaved step by step windows so that a disturbance of the host falls on
+   all alike; the median ms of each and the ratio hf-eager / engine.
 
-    flock /work/cpu.lock python bench/cpu_engine.py
+    python bench/cpu_engine.py
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python bench/cpu_engine.py
+
+The second holds ATen and oneDNN to the kernels a processor without AVX-512 runs.
 """
 
 import argparse
@@ -22,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from floorline.engine import Engine
-from floorline.engine.cpu import aten_linear, linear
+from floorline.engine.cpu_products import WIDENED, ProductPlan, aten_linear, linear
 from floorline.models import resolve_model
 from floorline.paths import open_session, parse_path
 from floorline.paths.engine import EngineSession
@@ -63,11 +68,14 @@ def products(config, runs: int) -> None:
     rows = {
         "bf16, PyTorch's default (oneDNN)": every(F.linear, mats, head, x),
         "bf16, ATen's GEMV (oneDNN off; the engine's)": every(aten_linear, mats, head, x),
-        "bf16, oneDNN packed weights": every(
+    }
+    try:
+        rows["bf16, oneDNN packed weights"] = every(
             packed, [[torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in layer]
                      for layer in mats],
-            torch.ops.mkldnn._reorder_linear_weight(head, 1), x),
-    }
+            torch.ops.mkldnn._reorder_linear_weight(head, 1), x)
+    except RuntimeError as e:  # oneDNN packs bf16 only where the processor has AVX-512
+        print(f"  bf16, oneDNN packed weights: not on this processor ({e})")
     for name, fn in rows.items():
         print(f"  {name}: {median_ms(fn, runs):.2f} ms")
     del rows
@@ -86,12 +94,14 @@ def products(config, runs: int) -> None:
                 torch._weight_int8pack_mm(x[w.shape[1]], w, s)
         torch._weight_int8pack_mm(x[h], *hq)
     print(f"  int8 (_weight_int8pack_mm): {median_ms(int8, runs):.2f} ms")
-    for m in (2, 4, 16):
+    widened = ProductPlan(WIDENED, WIDENED)
+    for m in (1, 2, 4, 16, 64, 256):
         xm = {k: torch.randn(m, k).bfloat16() for k in (h, i)}
         default = median_ms(every(F.linear, mats, head, xm), runs)
-        aten = median_ms(every(aten_linear, mats, head, xm), runs)
-        print(f"  {m} rows: oneDNN {default:.2f} ms, ATen {aten:.2f} ms "
-              f"(the engine's: {median_ms(every(linear, mats, head, xm), runs):.2f} ms)")
+        aten = (f"ATen {median_ms(every(aten_linear, mats, head, xm), runs):.2f} ms, "
+                if m <= 16 else "")  # ATen's bf16 GEMM: seconds from 64 rows
+        wide = median_ms(every(lambda x, w: linear(x, w, widened), mats, head, xm), runs)
+        print(f"  {m} rows: oneDNN {default:.2f} ms, {aten}widened to fp32 {wide:.2f} ms")
 
 
 def steps(spec, contexts, windows: int, window: int) -> None:
@@ -99,6 +109,7 @@ def steps(spec, contexts, windows: int, window: int) -> None:
         capacity = ctx + windows * window + 8
         sessions = {f"engine ({b})": EngineSession(Engine(spec, "cpu", capacity, backend=b),
                                                    "cpu", 0) for b in ("cpu", "reference")}
+        print(f"the engine's products: {sessions['engine (cpu)'].engine.products()}")
         sessions["hf-eager"] = open_session(parse_path("hf-eager"), spec, "cpu", capacity, 0)
         for s in sessions.values():
             s.prefill(ctx)

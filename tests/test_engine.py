@@ -3,6 +3,7 @@ sampler and its checkpoint loading."""
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -122,7 +123,7 @@ def test_unsupported_architectures_are_one_line(change, message):
 @pytest.fixture(scope="module")
 def engine_cells(tmp_path_factory):
     """One sweep of the engine's paths on the CPU, two models and one whose architecture the
-    engine does not run: the sweep's stderr and its rows by (model, path), and that model."""
+    engine does not run: the sweep's process and its rows by (model, path), and that model."""
     root = tmp_path_factory.mktemp("engine-sweep")
     gelu = root / "gelu"
     gelu.mkdir()
@@ -133,19 +134,26 @@ def engine_cells(tmp_path_factory):
                     "16", "--paths", "engine,engine+graphs,engine+compile", "--steps", "4",
                     "--warmup", "1", "--device", "cpu", check=True)
     rows = json.loads(run_here("show", "--db", db, "--json", check=True).stdout)
-    return proc.stderr, {(r["model"], r["path"]): r for r in rows}, str(gelu)
+    return proc, {(r["model"], r["path"]): r for r in rows}, str(gelu)
 
 
 def test_the_engine_path_runs_the_contract_and_refuses_options(engine_cells):
-    stderr, rows, _ = engine_cells
-    assert "Traceback" not in stderr
+    proc, rows, _ = engine_cells
+    assert "Traceback" not in proc.stderr
     for model in ("tiny-llama", "tiny-qwen2"):
         assert rows[model, "engine"]["status"] == "valid"
         assert len(rows[model, "engine"]["samples_ms"]) == 4
+        # the routes the CPU step chose for its bf16 products, and the trials behind them
+        details = rows[model, "engine"]["details"]
+        assert re.fullmatch(r"1-2 rows: bf16 (as stored|widened to fp32); more rows: bf16 "
+                            r"(as stored|widened to fp32)", details["cpu_products"])
+        assert set(details["cpu_product_trials"]) == {"few", "many"}
         for option, why in (("engine+graphs", "+graphs needs a CUDA device"),
                             ("engine+compile", "captures its own step")):
             assert rows[model, option]["status"] == "invalid"
             assert why in rows[model, option]["reason"]
+    table = " ".join(proc.stdout.split())
+    assert "the engine's products on this CPU: 1-2 rows: bf16" in table
 
 
 def test_an_unsupported_model_is_an_invalid_engine_cell(engine_cells):

@@ -2,13 +2,16 @@
 tokens and logits in float32 for every family's features and cache format, its bf16 products
 within bf16's rounding of the reference's, and oneDNN's switch left as it was."""
 
+import time
+
 import pytest
 import torch
 import torch.backends.mkldnn as onednn
 from tests.test_engine_families import spec as family_spec
 
-from floorline.engine import Engine
-from floorline.engine.cpu import REFINED, CpuOps, linear
+from floorline.engine import Engine, cpu_products, runtime
+from floorline.engine.cpu import REFINED, CpuOps
+from floorline.engine.cpu_products import NATIVE, WIDENED, ProductPlan, linear, plan_products
 from floorline.engine.ops import ReferenceOps
 from floorline.models import resolve_model
 
@@ -60,23 +63,64 @@ def test_cpu_step_with_a_qkv_bias_and_its_verify_step():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_a_16_bit_row_is_the_fp32_product_rounded_once(dtype):
-    """x and W as the step holds them, summed in fp32: within one rounding of the exact product,
-    and oneDNN's switch as it was, on or off."""
+@pytest.mark.parametrize("rows", [None, 2, 16])  # one vector; ATen's GEMV; oneDNN's GEMM
+def test_a_16_bit_product_is_the_fp32_product_rounded_once_by_either_route(dtype, rows):
+    """x and W as the step holds them, summed in fp32, as stored or widened: within one rounding
+    of the exact product, and oneDNN's switch as it was, on or off."""
     g = torch.Generator().manual_seed(0)
     w = torch.randn(300, 576, generator=g).to(dtype)
-    x = torch.randn(576, generator=g).to(dtype)
-    exact = w.float() @ x.float()
+    x = torch.randn(*([rows] if rows else []), 576, generator=g).to(dtype)
+    exact = x.float() @ w.float().T
     before = onednn.enabled
     try:
         for enabled in (True, False):
             onednn.enabled = enabled
-            y = linear(x, w)
-            assert onednn.enabled is enabled
-            assert y.dtype == dtype
-            assert torch.allclose(y.float(), exact, rtol=2 * torch.finfo(dtype).eps, atol=1e-3)
+            for plan in (ProductPlan(), ProductPlan(WIDENED, WIDENED)):
+                y = linear(x, w, plan)
+                assert onednn.enabled is enabled
+                assert y.dtype == dtype
+                assert torch.allclose(y.float(), exact, rtol=2 * torch.finfo(dtype).eps,
+                                      atol=1e-3)
     finally:
         onednn.enabled = before
+
+
+def test_each_regime_takes_the_route_its_trial_found_clearly_faster(monkeypatch):
+    """A host where widening is slow for one row and fast for many (as where the processor has
+    no bf16 dot products): the trial picks each regime's route, and widens only past WIDEN_BY."""
+    cost = {(NATIVE, 1): 2e-4, (WIDENED, 1): 4e-4, (NATIVE, 64): 4e-3, (WIDENED, 64): 1e-3}
+
+    def timed(x, w, plan):
+        time.sleep(cost[plan.route(x), x.shape[0]])
+    monkeypatch.setattr(cpu_products, "linear", timed)
+    monkeypatch.setattr(cpu_products, "_plans", {})
+    weights = Engine(resolve_model("tiny-llama"), "cpu", 16, backend="reference").decoder.w
+    plan = plan_products(weights)
+    assert (plan.few, plan.many) == (NATIVE, WIDENED)
+    assert plan.trials["many"][WIDENED] < plan.trials["many"][NATIVE] / cpu_products.WIDEN_BY
+    assert plan_products(weights) is plan  # timed once a process
+    cost[WIDENED, 64] = 3.6e-3  # faster, but within the margin: stays as stored
+    monkeypatch.setattr(cpu_products, "_plans", {})
+    assert plan_products(weights).many == NATIVE
+
+
+def test_a_widened_step_decodes_as_the_stored_one(monkeypatch):
+    """bf16 weights, every product widened: the prefill's logits and the steps' tokens are the
+    as-stored step's, within the order of the fp32 sums."""
+    spec = resolve_model("tiny-llama")
+
+    def run(plan):
+        monkeypatch.setattr(runtime, "plan_products", lambda weights: plan)
+        e = Engine(spec, "cpu", 64, seed=1)
+        first = e.prefill(torch.tensor(PROMPT)).float()
+        tokens = []
+        for _ in range(12):
+            e.step()
+            tokens.append(e.token.item())
+        return first, tokens
+    stored, widened = run(ProductPlan()), run(ProductPlan(WIDENED, WIDENED))
+    assert stored[1] == widened[1]
+    assert torch.allclose(stored[0], widened[0], rtol=0.02, atol=0.02)
 
 
 def test_cpu_ops_are_the_default_on_the_cpu_and_the_reference_stays():

@@ -11,7 +11,9 @@ weights (an extra copy of every matrix); the fp32 reference's products took 44.6
 products (`torch._weight_int8pack_mm`) took 10.07 ms, on half the bytes: another format, with
 a floor of its own, not this step's. So up to ATEN_ROWS rows run with oneDNN switched off around
 the product; more rows (a verify step) keep oneDNN, whose GEMM is faster from 4 rows (22.44 ms
-against 28.25 at 4 rows, 31.02 against 113.99 at 16; at 2, 20.53 against 15.12).
+against 28.25 at 4 rows, 31.02 against 113.99 at 16; at 2, 20.53 against 15.12). Where the
+processor has no bf16 dot products, a product of many rows is faster widened to fp32: the route
+of each is chosen when the engine loads (floorline.engine.cpu_products).
 
 x is normalised in fp32, rounded to the weights' dtype and multiplied with fp32 accumulation;
 the product's output is rounded to that dtype before it joins the fp32 residual stream (as
@@ -28,33 +30,15 @@ multiplied as the reference multiplies it, from its fp32 form made once.
 from __future__ import annotations
 
 import torch
-import torch.backends.mkldnn as onednn
 import torch.nn.functional as F
 
+from floorline.engine.cpu_products import AS_STORED, ProductPlan, linear
 from floorline.engine.kernels.attention import rotated_heads
 from floorline.engine.kvcache import FP8, dequantise, quantise
 from floorline.engine.ops import ReferenceOps
+from floorline.engine.quant import dense
 
 REFINED = 16  # an fp32 output's leading entries, computed again in fp32 (module docstring)
-ATEN_ROWS = 2  # 16-bit products of up to this many rows through ATen's GEMV (module docstring)
-
-
-def aten_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x W^T through ATen's own kernels: oneDNN switched off around the product."""
-    enabled = onednn.enabled
-    onednn.enabled = False
-    try:
-        return F.linear(x, w)
-    finally:
-        onednn.enabled = enabled
-
-
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x W^T in W's dtype: up to ATEN_ROWS 16-bit rows through ATen's GEMV, anything else as
-    PyTorch chooses."""
-    if (x.dim() > 1 and x.shape[0] > ATEN_ROWS) or w.dtype == torch.float32:
-        return F.linear(x, w)
-    return aten_linear(x, w)
 
 
 class CpuOps(ReferenceOps):
@@ -62,6 +46,10 @@ class CpuOps(ReferenceOps):
     attention (module docstring)."""
 
     name = "cpu"
+
+    def __init__(self, plan: ProductPlan = AS_STORED):
+        super().__init__()
+        self.plan = plan  # each 16-bit product's route (cpu_products.plan_products)
 
     def gemv(self, x, w, out, *, norm=None, eps: float = 0.0, up=None, bias=None,
              accumulate: bool = False, act: str = "silu") -> None:
@@ -73,10 +61,10 @@ class CpuOps(ReferenceOps):
         if norm is not None:
             xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * norm
         xw = xf.to(w.dtype)
-        y = linear(xw, w)
+        y = linear(xw, w, self.plan)
         if up is not None:
             gate = F.silu(y) if act == "silu" else F.gelu(y, approximate="tanh")
-            y = gate.mul_(linear(xw, up))
+            y = gate.mul_(linear(xw, up, self.plan))
         if bias is not None:
             y = y + bias
         if accumulate:
@@ -87,6 +75,11 @@ class CpuOps(ReferenceOps):
             top = out.topk(min(REFINED, out.shape[-1]), dim=-1).indices
             exact = (w[top].float() @ xf.unsqueeze(-1)).squeeze(-1)
             out.scatter_(-1, top, exact if bias is None else exact + bias[top].float())
+
+    def chunk_linear(self, x, w, bias, dtype):
+        """A prefill chunk's product by the plan's route for its rows (ops.chunk_linear)."""
+        y = linear(x.to(dtype), dense(w, dtype), self.plan)
+        return y if bias is None else y + bias
 
     @staticmethod
     def attention(qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,

@@ -40,6 +40,7 @@ class GenerationResult:
     # and verify step together); None on the CPU
     model_spec: object = field(repr=False)  # the floorline ModelSpec, for the floor
     speculation: Stats | None = None  # what the drafter and the verify steps did
+    products: str | None = None  # the CPU step's routes (Engine.products)
 
     @property
     def decode_steps(self) -> int:
@@ -86,7 +87,8 @@ class GenerationResult:
                          f"at {gpu.peak_gbps:g} GB/s)")
         if self.speculation is not None:
             parts.append(self.speculation.summary())
-        return ", ".join(parts)
+        products = f"\nthe CPU's products: {self.products}" if self.products else ""
+        return ", ".join(parts) + products
 
 
 class TextStream:
@@ -304,10 +306,11 @@ def generate(model: str | Path, prompt: str, *, max_new_tokens: int = 128,
             t0 = time.perf_counter()  # a draft model catching up is part of the decode
             speculator.kept(prompt_ids + ids, len(emitted), len(ids) - before, not finished())
             decode_s += time.perf_counter() - t0
+    products = engine.products()
     engine.close()
     return GenerationResult(prompt_ids, ids, stream.finish(), ids[-1] in stop, dtype,
                             weight_format, kv_format, prefill_ms, decode_s * 1e3, device_ms,
-                            model_spec, speculator and speculator.stats)
+                            model_spec, speculator and speculator.stats, products)
 
 
 def draft_engine(path: str, tokenizer, device: str, capacity: int, dtype) -> Engine:

@@ -44,7 +44,6 @@ import torch
 
 from floorline.engine.kernels.gemv import gemv_reference
 from floorline.engine.kvcache import KVCache
-from floorline.engine.quant import dense
 from floorline.engine.weights import DecoderWeights
 from floorline.errors import FloorlineError
 from floorline.traffic import kv_layout
@@ -521,11 +520,12 @@ class _Chunk:
         dtype = self.d.w.dtype
         if norm is not None:
             x = _rms_norm(x, norm, eps)
-        y = _linear(x, self._unpacked(w), bias, dtype)
+        y = self.d.ops.chunk_linear(x, self._unpacked(w), bias, dtype)
         if up is not None:  # the gated MLP's, stored
             gate = (torch.nn.functional.silu(y) if act == "silu"
                     else torch.nn.functional.gelu(y, approximate="tanh"))
-            torch.mul(gate, _linear(x, self._unpacked(up), None, dtype), out=out)
+            torch.mul(gate, self.d.ops.chunk_linear(x, self._unpacked(up), None, dtype),
+                      out=out)
         elif accumulate:
             out.add_(y)
         else:
@@ -561,10 +561,6 @@ def _rms_norm(x, weight, eps):
     x = x.float()
     normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return (normed * weight.float()).to(weight.dtype)
-
-
-def _linear(x, weight, bias, dtype):
-    return torch.nn.functional.linear(x.to(dtype), dense(weight, dtype), bias)
 
 
 def _rotate(x, cos, sin, rotary: int):

@@ -13,6 +13,12 @@ from floorline.engine.quant import dense
 from floorline.engine.tuning import GemvTuner
 
 
+def chunk_linear(x, w, bias, dtype):
+    """A prefill chunk's product (floorline.engine.model._Chunk): x rounded to the 16-bit dtype,
+    W dequantised to it, one GEMM."""
+    return torch.nn.functional.linear(x.to(dtype), dense(w, dtype), bias)
+
+
 class ReferenceOps:
     """Plain PyTorch: what every kernel is tested against (the CPU's own step, built for speed,
     is floorline.engine.cpu's CpuOps).
@@ -27,6 +33,7 @@ class ReferenceOps:
     add_norm = staticmethod(add_norm_reference)
     embed = staticmethod(embed_reference)
     argmax = staticmethod(argmax_reference)
+    chunk_linear = staticmethod(chunk_linear)
 
     def __init__(self):
         self._fp32: dict[int, tuple[object, torch.Tensor]] = {}  # id(W) -> (W, its fp32 form)
@@ -71,6 +78,7 @@ class TritonOps:
         self.embed = tokens.embed
         self.argmax = tokens.argmax
         self.argmax_scratch = tokens.argmax_scratch
+        self.chunk_linear = chunk_linear
 
     def gemv(self, x, w, out, *, norm=None, eps: float = 0.0, up=None, bias=None,
              accumulate: bool = False, act: str = "silu") -> None:

@@ -6,6 +6,7 @@ import torch
 
 from floorline import graphs
 from floorline.engine.cpu import CpuOps
+from floorline.engine.cpu_products import plan_products
 from floorline.engine.gguf_blocks import load_gguf
 from floorline.engine.kernels.attention import build_problem as attention_build_problem
 from floorline.engine.kvcache import check_format
@@ -25,7 +26,7 @@ from floorline.errors import FloorlineError
 from floorline.models.gguf_checkpoint import model_gguf
 from floorline.models.zoo import quantisation_config
 
-BACKENDS = {"triton": TritonOps, "cpu": CpuOps, "reference": ReferenceOps}
+BACKENDS = ("triton", "cpu", "reference")
 
 
 class Engine:
@@ -76,8 +77,6 @@ class Engine:
                                               attention_block_t(self.config.head_dim, kv))
             if problem:
                 raise EngineUnsupported(problem)
-        ops = (TritonOps(self.device, precise=dtype == torch.float32) if backend == "triton"
-               else BACKENDS[backend]())
         formats = dict(head=head, group_size=group_size)
         if decoder_weights is None and weights == "gguf":
             decoder_weights = self._stored(model_spec, head, group_size, dtype)
@@ -88,6 +87,12 @@ class Engine:
         elif decoder_weights is None:
             decoder_weights = random_weights(self.config, self.device, dtype, seed,
                                              weights=weights or "bf16", **formats)
+        if backend == "triton":
+            ops = TritonOps(self.device, precise=dtype == torch.float32)
+        elif backend == "cpu":  # each product's route timed on these weights
+            ops = CpuOps(plan_products(decoder_weights))
+        else:
+            ops = ReferenceOps()
         self.sampler = sampler or Sampler()
         self.decoder = Decoder(self.config, decoder_weights, capacity, ops, self.sampler, kv)
         self.kv = kv
@@ -114,6 +119,14 @@ class Engine:
     @property
     def ops(self):
         return self.decoder.ops
+
+    def products(self, trials: bool = True) -> str | None:
+        """How the CPU step runs its 16-bit products, in a line for a user, with the trials'
+        times or not (cpu_products); None where no route was timed: on a GPU, the reference,
+        or no 16-bit matrix."""
+        if not isinstance(self.ops, CpuOps) or not self.ops.plan.trials:
+            return None
+        return self.ops.plan.describe(self.decoder.w.dtype, trials)
 
     @property
     def position(self) -> torch.Tensor:

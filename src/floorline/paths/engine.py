@@ -63,6 +63,9 @@ class EngineSession(Session):
             details["group_size"] = self.engine.group_size
         if self.drafts:
             details["verify_tokens"] = len(self.drafts) + 1
+        if self.engine.products():  # the routes, alike for the cells of a host; the trials
+            details["cpu_products"] = self.engine.products(trials=False)
+            details["cpu_product_trials"] = self.engine.ops.plan.trials
         return details
 
     def window_logits(self, ids):

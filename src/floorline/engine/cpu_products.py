@@ -1,0 +1,136 @@
+"""How the CPU step multiplies its 16-bit matrices, chosen by what this processor does fastest.
+
+A matrix is always held as stored (its floor is its own bytes). Each product runs by one of two
+routes, with the same arithmetic: x rounded to the weights' dtype, products summed in fp32, the
+output rounded to the weights' dtype (floorline.engine.cpu). The routes differ only in the order
+of the fp32 sums, so the choice leaves the step's quality as it was.
+- NATIVE: in the 16-bit type, through ATen's own GEMV for up to ATEN_ROWS rows (oneDNN switched
+  off around it) and PyTorch's default, oneDNN's GEMM, for more.
+- WIDENED: the matrix widened to fp32 as it is read (a temporary of 4 bytes a weight) and
+  multiplied by fp32's GEMM.
+
+Which is faster depends on the processor, most on whether it has bf16 dot products (AVX-512 BF16,
+AMX). On 2 cores of an Intel Xeon with them (torch 2.13.0, SmolLM2-135M's 30 layers, one run of
+`bench/cpu_engine.py`), a chunk of 64 rows took 42 ms native and 97 ms widened; with
+ATen and oneDNN held to AVX2 (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, the kernels a
+processor without AVX-512 runs) 635 ms native and 129 ms widened, at 256 rows 3692 against
+434. One row took 23-27 ms native either way and 40 ms widened. So plan_products measures both
+routes on the model's own matrices when an engine loads, for a few rows and for many, and
+widens only where that is clearly faster (WIDEN_BY).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.backends.mkldnn as onednn
+import torch.nn.functional as F
+
+NATIVE, WIDENED = "native", "widened"
+ATEN_ROWS = 2  # NATIVE products of up to this many rows through ATen's GEMV (engine.cpu)
+TRIAL_ROWS = 64  # the many-row trial: a chunk of a prefill or a quality window
+TRIAL_BYTES = 32 << 20  # matrices timed per trial, taken layer by layer: more than a cache holds
+TRIAL_ROUNDS = 3  # each route's median over this many passes, the routes interleaved
+# Widening moves three times a 16-bit matrix's bytes (read it, write and read its fp32 copy):
+# chosen only where it is this much faster, so that a close call on a noisy host stays native.
+WIDEN_BY = 1.25
+
+
+def aten_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x W^T through ATen's own kernels: oneDNN switched off around the product."""
+    enabled = onednn.enabled
+    onednn.enabled = False
+    try:
+        return F.linear(x, w)
+    finally:
+        onednn.enabled = enabled
+
+
+@dataclass(frozen=True)
+class ProductPlan:
+    """The route of a 16-bit product with few rows (up to ATEN_ROWS: a decode step, a verify
+    step of two) and with more (prefill chunks, quality windows, longer verify steps), and the
+    trials' medians it was chosen from (ms, by regime and route; empty where not measured)."""
+    few: str = NATIVE
+    many: str = NATIVE
+    trials: dict = field(default_factory=dict, compare=False)
+
+    def route(self, x: torch.Tensor) -> str:
+        return self.few if x.dim() == 1 or x.shape[0] <= ATEN_ROWS else self.many
+
+    def describe(self, dtype: torch.dtype, trials: bool = True) -> str:
+        """One line for a user: each regime's route, with the trial that chose it."""
+        name = str(dtype).removeprefix("torch.").replace("bfloat", "bf").replace("float", "fp")
+
+        def regime(which: str, rows: str) -> str:
+            route = getattr(self, which)
+            said = f"{name} as stored" if route == NATIVE else f"{name} widened to fp32"
+            t = self.trials.get(which) if trials else None
+            if t:
+                said += f" ({t[NATIVE]:.3g} ms {name}, {t[WIDENED]:.3g} ms widened in its trial)"
+            return f"{rows}: {said}"
+        return f"{regime('few', f'1-{ATEN_ROWS} rows')}; {regime('many', 'more rows')}"
+
+    def as_dict(self) -> dict:
+        return {"few": self.few, "many": self.many, "trials": self.trials}
+
+
+AS_STORED = ProductPlan()  # every product in the weights' own type
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, plan: ProductPlan = AS_STORED) -> torch.Tensor:
+    """x W^T in W's dtype by the plan's route for x's rows (fp32 W as PyTorch chooses)."""
+    if w.dtype == torch.float32:
+        return F.linear(x, w)
+    if plan.route(x) == WIDENED:
+        return F.linear(x.float(), w.float()).to(w.dtype)
+    if x.dim() > 1 and x.shape[0] > ATEN_ROWS:
+        return F.linear(x, w)
+    return aten_linear(x, w)
+
+
+_plans: dict[tuple, ProductPlan] = {}  # this process's trials, by matrices' shapes and threads
+
+
+def plan_products(weights) -> ProductPlan:
+    """The faster route for few rows and for many on this processor (module docstring), timed
+    on the first layers' 16-bit matrices (floorline.engine.weights.DecoderWeights) once a
+    process for their shapes and the thread count; native where none is 16-bit."""
+    sample, size = [], 0
+    for layer in weights.layers:
+        for w in (layer.wqkv, layer.wo, layer.wgate, layer.wup, layer.wdown):
+            if isinstance(w, torch.Tensor) and w.dtype in (torch.bfloat16, torch.float16):
+                sample.append(w)
+                size += w.numel() * w.element_size()
+        if size >= TRIAL_BYTES:
+            break
+    if not sample:
+        return AS_STORED
+    key = (sample[0].dtype, tuple(w.shape for w in sample), torch.get_num_threads())
+    if key not in _plans:
+        _plans[key] = _trial(sample)
+    return _plans[key]
+
+
+def _trial(sample: list[torch.Tensor]) -> ProductPlan:
+    g = torch.Generator().manual_seed(0)
+    trials, routes = {}, {}
+    for regime, rows in (("few", 1), ("many", TRIAL_ROWS)):
+        xs = {k: torch.randn(rows, k, generator=g).to(sample[0].dtype)
+              for k in {w.shape[1] for w in sample}}
+        plans = {NATIVE: AS_STORED, WIDENED: ProductPlan(WIDENED, WIDENED)}
+        times = {route: [] for route in plans}
+        for rnd in range(TRIAL_ROUNDS + 1):  # the first pass of each warms it up
+            for route, plan in plans.items():
+                t0 = time.perf_counter()
+                for w in sample:
+                    linear(xs[w.shape[1]], w, plan)
+                if rnd:
+                    times[route].append((time.perf_counter() - t0) * 1e3)
+        med = {route: statistics.median(t) for route, t in times.items()}
+        trials[regime] = med
+        routes[regime] = WIDENED if med[WIDENED] * WIDEN_BY < med[NATIVE] else NATIVE
+    return ProductPlan(routes["few"], routes["many"], trials)
