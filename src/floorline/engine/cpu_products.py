@@ -21,6 +21,7 @@ widens only where that is clearly faster (WIDEN_BY).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.backends.mkldnn as onednn
 import torch.nn.functional as F
+
+from floorline.engine.quant import dense
 
 NATIVE, WIDENED = "native", "widened"
 ATEN_ROWS = 2  # NATIVE products of up to this many rows through ATen's GEMV (engine.cpu)
@@ -68,11 +71,13 @@ class ProductPlan:
         def regime(which: str, rows: str) -> str:
             route = getattr(self, which)
             said = f"{name} as stored" if route == NATIVE else f"{name} widened to fp32"
-            t = self.trials.get(which) if trials else None
-            if t:
+            t = self.trials[which]
+            if trials:
                 said += f" ({t[NATIVE]:.3g} ms {name}, {t[WIDENED]:.3g} ms widened in its trial)"
             return f"{rows}: {said}"
-        return f"{regime('few', f'1-{ATEN_ROWS} rows')}; {regime('many', 'more rows')}"
+        return "; ".join(regime(which, rows) for which, rows in
+                         (("few", f"1-{ATEN_ROWS} rows"), ("many", "more rows"))
+                         if which in self.trials)
 
     def as_dict(self) -> dict:
         return {"few": self.few, "many": self.many, "trials": self.trials}
@@ -97,28 +102,34 @@ _plans: dict[tuple, ProductPlan] = {}  # this process's trials, by matrices' sha
 
 def plan_products(weights) -> ProductPlan:
     """The faster route for few rows and for many on this processor (module docstring), timed
-    on the first layers' 16-bit matrices (floorline.engine.weights.DecoderWeights) once a
-    process for their shapes and the thread count; native where none is 16-bit."""
+    on the first layers' matrices (floorline.engine.weights.DecoderWeights) once a process for
+    their shapes, format and the thread count. Quantised matrices take the CPU's fp32 product
+    for few rows (ReferenceOps), and a prefill's chunk multiplies them in the 16-bit dtype: for
+    them only the many-row regime is timed, on their 16-bit form. Native where the model runs
+    in fp32."""
+    dtype = weights.dtype
+    if dtype not in (torch.bfloat16, torch.float16):
+        return AS_STORED
     sample, size = [], 0
     for layer in weights.layers:
         for w in (layer.wqkv, layer.wo, layer.wgate, layer.wup, layer.wdown):
-            if isinstance(w, torch.Tensor) and w.dtype in (torch.bfloat16, torch.float16):
-                sample.append(w)
-                size += w.numel() * w.element_size()
+            sample.append(w)
+            size += math.prod(w.shape) * 2  # its 16-bit form's bytes
         if size >= TRIAL_BYTES:
             break
-    if not sample:
-        return AS_STORED
-    key = (sample[0].dtype, tuple(w.shape for w in sample), torch.get_num_threads())
+    stored = all(isinstance(w, torch.Tensor) for w in sample)
+    key = (dtype, stored, tuple(tuple(w.shape) for w in sample), torch.get_num_threads())
     if key not in _plans:
-        _plans[key] = _trial(sample)
+        _plans[key] = _trial([dense(w, dtype) for w in sample],
+                              ("few", "many") if stored else ("many",))
     return _plans[key]
 
 
-def _trial(sample: list[torch.Tensor]) -> ProductPlan:
+def _trial(sample: list[torch.Tensor], regimes: tuple[str, ...]) -> ProductPlan:
     g = torch.Generator().manual_seed(0)
-    trials, routes = {}, {}
-    for regime, rows in (("few", 1), ("many", TRIAL_ROWS)):
+    trials, routes = {}, {"few": NATIVE}
+    for regime in regimes:
+        rows = 1 if regime == "few" else TRIAL_ROWS
         xs = {k: torch.randn(rows, k, generator=g).to(sample[0].dtype)
               for k in {w.shape[1] for w in sample}}
         plans = {NATIVE: AS_STORED, WIDENED: ProductPlan(WIDENED, WIDENED)}
