@@ -23,12 +23,13 @@ from floorline.measure.quality import (
     score_window,
     summarise_quality,
 )
-from floorline.measure.sweep import Sweep
+from floorline.measure.sweep import Grid, Sweep
 from floorline.measure.texts import evaluation_text
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY
 from floorline.paths.base import PathFacts
-from floorline.store import Store
+from floorline.records import CellKey, CellResult
+from floorline.store import Store, quality_by_cell
 
 GPU = lookup("l4")  # any catalogued device: quality does not read its bandwidth
 TOKENS, WINDOW = 64, 32
@@ -191,3 +192,36 @@ def test_bad_quality_options_are_one_line(tmp_path, args, message):
     run = run_here("quality", *[v for kv in base.items() for v in kv], "--db", tmp_path / "q.db")
     assert run.returncode == 2 and message in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_hf_static_shares_hf_eager_quality(checkpoint, tmp_path):
+    """The same model and window forward: equal logits, so a sweep measures that quality once,
+    as hf-eager's, and the cells of both show it (hf-static's own row first where one exists)."""
+    spec = resolve_model(str(checkpoint))
+    ids = torch.arange(2, 34)
+    logits = []
+    for path in ("hf-eager", "hf-static"):
+        session = REGISTRY[path].open(spec, "cpu", 64, 0)
+        logits.append(session.window_logits(ids))
+        session.close()
+    assert torch.equal(*logits)
+    grid = Grid((str(checkpoint),), (16,), ("hf-eager", "hf-static", "hf-static+compile"))
+    assert [k.path for k in grid.quality(TOKENS, WINDOW, False)] == ["hf-eager"]
+    assert [k.path for k in Grid((str(checkpoint),), (16,), ("hf-static",)).quality(
+        TOKENS, WINDOW, False)] == ["hf-eager"]
+    store = Store(tmp_path / "s.db")
+    for path in ("hf-eager", "hf-static", "hf-static+compile", "engine"):
+        store.add(CellResult(CellKey(str(checkpoint), 16, path, 4, 1), GPU.name, "valid",
+                             samples_ms=[1.0] * 4), {"device": "cpu"}, "env")
+    eager = measure_quality(quality_key(str(checkpoint), "hf-eager", TOKENS, WINDOW), "cpu", GPU)
+    store.add_quality(eager, {"device": "cpu"}, "env")
+
+    def matched():
+        cells, by_cell = store.rows(), quality_by_cell(store.rows(), store.quality_rows())
+        return {c.path: by_cell[c.id].path for c in cells if c.id in by_cell}
+    assert matched() == {"hf-eager": "hf-eager", "hf-static": "hf-eager",
+                         "hf-static+compile": "hf-eager"}
+    static = measure_quality(quality_key(str(checkpoint), "hf-static", TOKENS, WINDOW), "cpu",
+                             GPU)
+    store.add_quality(static, {"device": "cpu"}, "env")
+    assert matched()["hf-static"] == "hf-static"

@@ -13,6 +13,10 @@ INVALID = "invalid"
 # next sweep (which skips only valid cells).
 UNSTEADY = "unsteady"
 AUTO = "auto"
+# A path whose quality is another's: hf-static builds transformers' model as hf-eager does and
+# scores a window by the same forward (only the decode's cache differs, which that forward does
+# not use), so a sweep measures their quality once, as hf-eager's, and shows it beside both.
+SAME_QUALITY = {"hf-static": "hf-eager"}
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 from floorline.errors import FloorlineError
 from floorline.records import (
     QUALITY_FIGURES,
+    SAME_QUALITY,
     SPECULATION_FIGURES,
     VALID,
     CellKey,
@@ -625,13 +626,21 @@ def base_path(path: str) -> str:
 
 def quality_by_cell(cells: list[CellRow], quality: list[QualityRow]) -> dict[int, QualityRow]:
     """Each cell's quality, by cell id: the newest row of its model, base path and gpu, a valid
-    one where there is one."""
+    one where there is one; where its base path has none, that of the path whose quality it
+    shares (records.SAME_QUALITY)."""
     best: dict[tuple, QualityRow] = {}
     for q in quality:  # in order of id: a later row replaces an earlier one, unless invalid
         k = (q.model, q.path, q.gpu)
         if k not in best or q.status == VALID or best[k].status != VALID:
             best[k] = q
-    return {c.id: best[k] for c in cells if (k := (c.model, base_path(c.path), c.gpu)) in best}
+    matched = {}
+    for c in cells:
+        base = base_path(c.path)
+        for path in (base, SAME_QUALITY.get(base)):
+            if (k := (c.model, path, c.gpu)) in best:
+                matched[c.id] = best[k]
+                break
+    return matched
 
 
 # What makes two rows the same result, per table (every column but the row id and its run's

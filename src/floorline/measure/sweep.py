@@ -18,6 +18,7 @@ from floorline.models.fetch import fetched_dir
 from floorline.models.zoo import DEMO_MODEL, DEMO_MODELS, STUDY_MODELS
 from floorline.paths import REGISTRY, parse_path
 from floorline.records import (
+    SAME_QUALITY,
     CellKey,
     CellResult,
     QualityKey,
@@ -46,8 +47,10 @@ class Grid:
 
     def quality(self, tokens: int, window: int, trust_remote_code: bool) -> list[QualityKey]:
         """One quality measurement per model with real weights and base path (not per context:
-        quality is the formats', and +compile and +graphs change no arithmetic)."""
-        bases = dict.fromkeys(parse_path(p).base for p in self.paths)
+        quality is the formats', and +compile and +graphs change no arithmetic), a path that
+        shares another's quality measured as that one (records.SAME_QUALITY)."""
+        bases = dict.fromkeys(SAME_QUALITY.get(b, b) for b in
+                              (parse_path(p).base for p in self.paths))
         return [quality_key(m, p, tokens, window) for m in self.models
                 if resolve_model(m, trust_remote_code).has_real_weights for p in bases]
 
