@@ -153,7 +153,7 @@ def test_the_engine_path_runs_the_contract_and_refuses_options(engine_cells):
             assert rows[model, option]["status"] == "invalid"
             assert why in rows[model, option]["reason"]
     table = " ".join(proc.stdout.split())
-    assert "the engine's products on this CPU: 1-2 rows: bf16" in table
+    assert "engine's products on this CPU: 1-2 rows: bf16" in table
 
 
 def test_an_unsupported_model_is_an_invalid_engine_cell(engine_cells):

@@ -223,10 +223,11 @@ def cells_table(rows: list[CellRow], title: str, probes: dict[str, dict],
             *(energy_columns(r.details.get("energy")) if energy else []),
             *(map(escape, quality_columns(r, quality.get(r.id))) if not random_only else []),
         )
-    products = sorted({r.details["cpu_products"] for r in rows if "cpu_products" in r.details})
+    products = sorted({(r.path, r.details["cpu_products"]) for r in rows
+                       if "cpu_products" in r.details})
     caption(table, keyed.lines + (["energy per token: " + "; ".join(notes)] if notes else [])
             + ([f"quality: {RANDOM_WEIGHTS}"] if random_only else []) + measured_floor_note(rows)
-            + [f"the engine's products on this CPU: {p}" for p in products])
+            + [f"{path}'s products on this CPU: {routes}" for path, routes in products])
     return table
 
 
