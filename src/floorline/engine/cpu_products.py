@@ -10,13 +10,13 @@ of the fp32 sums, so the choice leaves the step's quality as it was.
   multiplied by fp32's GEMM.
 
 Which is faster depends on the processor, most on whether it has bf16 dot products (AVX-512 BF16,
-AMX). On 2 cores of an Intel Xeon with them (torch 2.13.0, SmolLM2-135M's 30 layers, one run of
-`bench/cpu_engine.py`), a chunk of 64 rows took 42 ms native and 97 ms widened; with
-ATen and oneDNN held to AVX2 (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, the kernels a
-processor without AVX-512 runs) 635 ms native and 129 ms widened, at 256 rows 3692 against
-434. One row took 23-27 ms native either way and 40 ms widened. So plan_products measures both
-routes on the model's own matrices when an engine loads, for a few rows and for many, and
-widens only where that is clearly faster (WIDEN_BY).
+AMX). On 2 cores of an Intel Xeon with them (torch 2.13.0, SmolLM2-135M's 30 layers and head,
+`bench/cpu_engine.py`, medians of 3 passes), 64 rows took 49 ms as stored and 188 ms widened;
+with ATen and oneDNN held to AVX2 (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, the
+kernels a processor without AVX-512 runs) 909 ms as stored and 189 ms widened, at 16 rows 235
+against 128, at 256 rows 2981 against 372. One row took 26-28 ms as stored either way and 76-87
+ms widened. So plan_products times both routes on the model's own matrices when an engine
+loads, for a few rows and for many, and widens only where that is clearly faster (WIDEN_BY).
 """
 
 from __future__ import annotations
