@@ -91,7 +91,7 @@ def test_each_regime_takes_the_route_its_trial_found_clearly_faster(monkeypatch)
     cost = {(NATIVE, 1): 2e-4, (WIDENED, 1): 4e-4, (NATIVE, 64): 4e-3, (WIDENED, 64): 1e-3}
 
     def timed(x, w, plan):
-        time.sleep(cost[plan.route(x), x.shape[0]])
+        time.sleep(cost[plan.route(x), 1 if x.dim() == 1 else x.shape[0]])
     monkeypatch.setattr(cpu_products, "linear", timed)
     monkeypatch.setattr(cpu_products, "_plans", {})
     weights = Engine(resolve_model("tiny-llama"), "cpu", 16, backend="reference").decoder.w
