@@ -9,11 +9,12 @@ the 30 layers' matrices and the head read in turn so that none stays in cache; o
 against 20.38 ms through oneDNN, PyTorch's default for bf16, and 15.70 ms with oneDNN's packed
 weights (an extra copy of every matrix); the fp32 reference's products took 44.63 ms. int8
 products (`torch._weight_int8pack_mm`) took 10.07 ms, on half the bytes: another format, with
-a floor of its own, not this step's. So up to ATEN_ROWS rows run with oneDNN switched off around
-the product; more rows (a verify step) keep oneDNN, whose GEMM is faster from 4 rows (22.44 ms
-against 28.25 at 4 rows, 31.02 against 113.99 at 16; at 2, 20.53 against 15.12). Where the
-processor has no bf16 dot products, a product of many rows is faster widened to fp32: the route
-of each is chosen when the engine loads (floorline.engine.cpu_products).
+a floor of its own, not this step's. So up to ATEN_ROWS rows run through ATen's GEMV (one row
+by torch.mv, two with oneDNN switched off around the product); more rows (a verify step)
+keep oneDNN, whose GEMM is faster from 4 rows (22.44 ms against 28.25 at 4 rows, 31.02
+against 113.99 at 16; at 2, 20.53 against 15.12). Where the processor has no bf16 dot
+products, a product of many rows is faster widened to fp32: the route of each is chosen when
+the engine loads (floorline.engine.cpu_products).
 
 x is normalised in fp32, rounded to the weights' dtype and multiplied with fp32 accumulation;
 the product's output is rounded to that dtype before it joins the fp32 residual stream (as

@@ -4,8 +4,8 @@ A matrix is always held as stored (its floor is its own bytes). Each product run
 routes, with the same arithmetic: x rounded to the weights' dtype, products summed in fp32, the
 output rounded to the weights' dtype (floorline.engine.cpu). The routes differ only in the order
 of the fp32 sums, so the choice leaves the step's quality as it was.
-- NATIVE: in the 16-bit type, through ATen's own GEMV for up to ATEN_ROWS rows (oneDNN switched
-  off around it) and PyTorch's default, oneDNN's GEMM, for more.
+- NATIVE: in the 16-bit type, through ATen's own GEMV for up to ATEN_ROWS rows (torch.mv for one,
+  oneDNN switched off around the product for two) and PyTorch's default, oneDNN's GEMM, for more.
 - WIDENED: the matrix widened to fp32 as it is read (a temporary of 4 bytes a weight) and
   multiplied by fp32's GEMM.
 
