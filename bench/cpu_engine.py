@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from floorline.engine import Engine
-from floorline.engine.cpu_products import WIDENED, ProductPlan, aten_linear, linear
+from floorline.engine.cpu_products import ALL_WIDENED, aten_linear, linear
 from floorline.models import resolve_model
 from floorline.paths import open_session, parse_path
 from floorline.paths.engine import EngineSession
@@ -94,13 +94,12 @@ def products(config, runs: int) -> None:
                 torch._weight_int8pack_mm(x[w.shape[1]], w, s)
         torch._weight_int8pack_mm(x[h], *hq)
     print(f"  int8 (_weight_int8pack_mm): {median_ms(int8, runs):.2f} ms")
-    widened = ProductPlan(WIDENED, WIDENED)
     for m in (1, 2, 4, 16, 64, 256):
         xm = {k: torch.randn(m, k).bfloat16() for k in (h, i)}
         default = median_ms(every(F.linear, mats, head, xm), runs)
         aten = (f"ATen {median_ms(every(aten_linear, mats, head, xm), runs):.2f} ms, "
                 if m <= 16 else "")  # ATen's bf16 GEMM: seconds from 64 rows
-        wide = median_ms(every(lambda x, w: linear(x, w, widened), mats, head, xm), runs)
+        wide = median_ms(every(lambda x, w: linear(x, w, ALL_WIDENED), mats, head, xm), runs)
         print(f"  {m} rows: oneDNN {default:.2f} ms, {aten}widened to fp32 {wide:.2f} ms")
 
 

@@ -120,13 +120,18 @@ class Engine:
     def ops(self):
         return self.decoder.ops
 
-    def products(self, trials: bool = True) -> str | None:
-        """How the CPU step runs its 16-bit products, in a line for a user, with the trials'
-        times or not (cpu_products); None where no route was timed: on a GPU, the reference,
-        or no 16-bit matrix."""
+    @property
+    def product_plan(self):
+        """The CPU step's timed routes for its 16-bit products (cpu_products.ProductPlan); None
+        where no route was timed: on a GPU, the reference, or a model in fp32."""
         if not isinstance(self.ops, CpuOps) or not self.ops.plan.trials:
             return None
-        return self.ops.plan.describe(self.decoder.w.dtype, trials)
+        return self.ops.plan
+
+    def products(self, trials: bool = True) -> str | None:
+        """product_plan in a line for a user, with the trials' times or not."""
+        plan = self.product_plan
+        return None if plan is None else plan.describe(self.decoder.w.dtype, trials)
 
     @property
     def position(self) -> torch.Tensor:

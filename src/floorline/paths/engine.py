@@ -63,9 +63,9 @@ class EngineSession(Session):
             details["group_size"] = self.engine.group_size
         if self.drafts:
             details["verify_tokens"] = len(self.drafts) + 1
-        if self.engine.products():  # the routes, alike for the cells of a host; the trials
+        if self.engine.product_plan is not None:  # the routes, alike for a host's cells
             details["cpu_products"] = self.engine.products(trials=False)
-            details["cpu_product_trials"] = self.engine.ops.plan.trials
+            details["cpu_product_trials"] = self.engine.product_plan.trials
         return details
 
     def window_logits(self, ids):
