@@ -289,6 +289,29 @@ def test_a_warm_worker_that_dies_takes_only_its_job_with_it(visitor):
         assert first["seen"] is None and first["torch"]  # a new worker forked it
 
 
+# A warm worker that fails on its own: it prints its error, closes its socket, and takes a second
+# (an interpreter's shutdown) to exit.
+FAILING_WORKER = '''
+import socket, sys, time
+sock = socket.socket(fileno=int(sys.argv[1]))
+socket.recv_fds(sock, 1024, 2)
+print("RuntimeError: the worker cannot go on", file=sys.stderr, flush=True)
+sock.close()
+time.sleep(1)
+sys.exit(3)
+'''
+
+
+def test_a_warm_worker_that_fails_reports_its_own_error_not_the_kill_after_it(tmp_path,
+                                                                               monkeypatch):
+    (tmp_path / "worker.py").write_text(FAILING_WORKER)
+    monkeypatch.setattr(runner, "WORKER", [sys.executable, str(tmp_path / "worker.py")])
+    with runner.warm_worker("cpu"):
+        with pytest.raises(runner.ChildFailed) as failed:
+            runner.run_in_child("visitor:visit", {"mark": "a"})
+    assert failed.value.reason == "exit code 3: RuntimeError: the worker cannot go on"
+
+
 def test_one_step_budget_for_cells_sessions_and_explanations():
     # tiny-qwen2 has 1024 positions. A sweep's cell at ctx 1000 with +graphs, automatic
     # warm-up and 64 timed steps: 21 positions of room, so the warm-up's cap falls to its

@@ -44,6 +44,7 @@ PRELOADED = ("floorline.measure.runner", "floorline.measure.session",
              "floorline.measure.speculation", "floorline.measure.explain", "floorline.engine",
              "transformers.models.auto.modeling_auto", "transformers.cache_utils",
              "transformers.models.llama.modeling_llama")
+ENDING_S = 10.0  # for a worker that closed its socket to finish exiting (its error printed)
 JOB_BYTES = 1 << 20  # room for one job's message, larger than the socket lets one be
 
 
@@ -73,7 +74,7 @@ class Worker:
                 pid = self._receive(deadline)["pid"]
                 returncode, log = self._receive(deadline)["status"], ""
             except (EOFError, ConnectionError):  # the worker ended, and its fork with it
-                returncode, log = self.close()
+                returncode, log = self.close(ended=True)
             except TimeoutError:
                 self._abandon(pid)
                 raise subprocess.TimeoutExpired(self.command, timeout_s) from None
@@ -82,11 +83,16 @@ class Worker:
                 raise
             return returncode, _text(out), _text(err) + log
 
-    def close(self) -> tuple[int | None, str]:
-        """Stop the worker (a job it forked dies with it): its exit code and stderr."""
+    def close(self, ended: bool = False) -> tuple[int | None, str]:
+        """Stop the worker (a job it forked dies with it): its exit code and stderr. A worker
+        that `ended` the conversation itself is given ENDING_S to exit on its own first, so that
+        its own exit code and error are what the job reports, not the kill that would follow."""
         if self.proc is None:
             return None, ""
         self.sock.close()
+        if ended:
+            with suppress(subprocess.TimeoutExpired):
+                self.proc.wait(ENDING_S)
         self.proc.kill()  # nothing when it has already ended
         returncode, log = self.proc.wait(), _text(self.log)
         self.log.close()
