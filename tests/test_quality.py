@@ -14,10 +14,11 @@ from tests.test_generate import EOS, WORDS, word_tokenizer
 from conftest import run_here
 from floorline.engine import Engine
 from floorline.hardware import lookup
-from floorline.measure import runner
+from floorline.measure import quality, runner
 from floorline.measure.quality import (
     NEW_TOKENS,
     RANDOM_WEIGHTS,
+    Reference,
     measure_quality,
     quality_key,
     score_window,
@@ -96,7 +97,8 @@ def test_a_float32_path_equal_to_the_reference_costs_nothing(checkpoint, monkeyp
     # hf-eager in float32 runs the reference's own forward: KL 0, the same perplexity, and
     # every greedy continuation followed to its end
     monkeypatch.setattr(REGISTRY["hf-eager"], "facts", PathFacts("hf-eager", dtype="float32"))
-    result = measure_quality(quality_key(str(checkpoint), "hf-eager", TOKENS, WINDOW), "cpu", GPU)
+    result, _ = measure_quality(quality_key(str(checkpoint), "hf-eager", TOKENS, WINDOW), "cpu",
+                                GPU)
     assert result.status == "valid", result.reason
     s = result.summary
     assert s["kl"] == 0 and s["ppl_increase"] == 0
@@ -106,8 +108,8 @@ def test_a_float32_path_equal_to_the_reference_costs_nothing(checkpoint, monkeyp
 
 
 def test_the_engine_costs_a_little(checkpoint):
-    result = measure_quality(quality_key(str(checkpoint), "engine-fp8", TOKENS, WINDOW), "cpu",
-                             GPU)
+    result, _ = measure_quality(quality_key(str(checkpoint), "engine-fp8", TOKENS, WINDOW),
+                                "cpu", GPU)
     assert result.status == "valid", result.reason
     s = result.summary
     assert s["kl"] > 0 and s["kl_low"] <= s["kl"] <= s["kl_high"]
@@ -131,6 +133,38 @@ def test_engine_logits_at_every_position_are_its_last_position_and_step_logits(h
         engine.decoder.token.fill_(tokens[i])
         engine.decoder.step()
         assert torch.allclose(every[i], engine.decoder.logits, rtol=1e-4, atol=1e-4)
+
+
+def test_a_later_path_takes_the_reference_continuations_an_earlier_one_decoded(checkpoint,
+                                                                              monkeypatch):
+    first, decoded = measure_quality(quality_key(str(checkpoint), "hf-eager", TOKENS, WINDOW),
+                                     "cpu", GPU)
+    assert first.status == "valid" and len(decoded) == len(first.greedy)
+    quality.reference.cache_clear()  # as in the next path's own process
+    monkeypatch.setattr(Reference, "_continue_all", lambda self: pytest.fail("decoded again"))
+    second, again = measure_quality(quality_key(str(checkpoint), "engine", TOKENS, WINDOW),
+                                    "cpu", GPU, continuations=decoded)
+    assert second.status == "valid" and again == decoded
+    assert [g["reference_tokens"] for g in second.greedy] == \
+        [g["reference_tokens"] for g in first.greedy]
+
+
+def test_a_command_hands_the_continuations_to_its_next_path_of_the_model(monkeypatch):
+    asked = []
+
+    def child(target, args, timeout_s):
+        asked.append(args["continuations"])
+        key = quality_key(args["key"]["model"], args["key"]["path"])
+        return {"quality": runner.QualityResult(key, GPU.name, "invalid").as_dict(),
+                "continuations": [{"model": args["key"]["model"]}]}
+
+    monkeypatch.setattr(runner, "run_in_child", child)
+    monkeypatch.setattr(runner, "_continuations", {})
+    monkeypatch.setattr(runner, "prepare_quality", lambda key, *a: (None, True))
+    monkeypatch.setattr(runner, "resolve_model", lambda *a: None)
+    for model, path in (("a", "hf-eager"), ("a", "engine"), ("b", "engine")):
+        runner.run_quality_in_child(quality_key(model, path), "cpu", GPU)
+    assert asked == [None, [{"model": "a"}], None]
 
 
 def test_random_weights_are_not_measured(monkeypatch):
@@ -213,7 +247,8 @@ def test_hf_static_shares_hf_eager_quality(checkpoint, tmp_path):
     for path in ("hf-eager", "hf-static", "hf-static+compile", "engine"):
         store.add(CellResult(CellKey(str(checkpoint), 16, path, 4, 1), GPU.name, "valid",
                              samples_ms=[1.0] * 4), {"device": "cpu"}, "env")
-    eager = measure_quality(quality_key(str(checkpoint), "hf-eager", TOKENS, WINDOW), "cpu", GPU)
+    eager, _ = measure_quality(quality_key(str(checkpoint), "hf-eager", TOKENS, WINDOW), "cpu",
+                               GPU)
     store.add_quality(eager, {"device": "cpu"}, "env")
 
     def matched():
@@ -221,7 +256,7 @@ def test_hf_static_shares_hf_eager_quality(checkpoint, tmp_path):
         return {c.path: by_cell[c.id].path for c in cells if c.id in by_cell}
     assert matched() == {"hf-eager": "hf-eager", "hf-static": "hf-eager",
                          "hf-static+compile": "hf-eager"}
-    static = measure_quality(quality_key(str(checkpoint), "hf-static", TOKENS, WINDOW), "cpu",
-                             GPU)
+    static, _ = measure_quality(quality_key(str(checkpoint), "hf-static", TOKENS, WINDOW),
+                                "cpu", GPU)
     store.add_quality(static, {"device": "cpu"}, "env")
     assert matched()["hf-static"] == "hf-static"

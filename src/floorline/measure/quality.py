@@ -19,15 +19,16 @@ same process.
 
 Every figure is per window or per prompt, so memory stays bounded: the text is scored one
 window at a time, by the reference and the path, and no window's logits are kept. The
-reference's continuations are computed once per process. A model with random weights has no
-quality to measure: its row says so and holds no number.
+reference's continuations are computed once per command: a path's measurement decodes them,
+and the command hands them to its next path's of the same model (measure/runner.py). A model
+with random weights has no quality to measure: its row says so and holds no number.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cache
 
 from floorline.errors import FloorlineError
@@ -148,12 +149,14 @@ class Reference:
         text = torch.tensor(ids[:tokens])
         return list(text.split(window)), len(ids)
 
-    def continuations(self) -> list[Continuation]:
+    def continuations(self, decoded: list[dict] | None = None) -> list[Continuation]:
         """The reference's greedy continuation of every prompt, decoded as one batch (prompts
         padded on the left, masked) and cut after the first EOS; the margins are those of the
-        logits each token was chosen from."""
+        logits each token was chosen from. `decoded`: this reference's continuations as an
+        earlier measurement of the same command returned them (asdict), taken as they are."""
         if self._continuations is None:
-            self._continuations = self._continue_all()
+            self._continuations = ([Continuation(**c) for c in decoded] if decoded is not None
+                                   else self._continue_all())
         return self._continuations
 
     def _continue_all(self) -> list[Continuation]:
@@ -262,16 +265,20 @@ def summarise_quality(reference_nll: list[float], path_nll: list[float], kl: lis
 
 
 def measure_quality(key: QualityKey, device: str, gpu: DeviceSpec, seed: int = 0,
-                    trust_remote_code: bool = False) -> QualityResult:
+                    trust_remote_code: bool = False,
+                    continuations: list[dict] | None = None
+                    ) -> tuple[QualityResult, list[dict] | None]:
     """Measure one path's quality (in the runner's child process); every failure a user can
-    meet comes back as an invalid row with its reason."""
+    meet comes back as an invalid row with its reason. With it, the reference's continuations
+    (asdict; None where it never reached them) for the next path's measurement to take as
+    `continuations` (Reference.continuations)."""
     import torch
 
     model_spec = resolve_model(key.model, trust_remote_code)
     result, runnable = prepare_quality(key, model_spec, device, gpu)
     if not runnable:
-        return result
-    session, seconds, t0 = None, {}, time.perf_counter()
+        return result, None
+    session, decoded, seconds, t0 = None, None, {}, time.perf_counter()
 
     def lap(name: str) -> None:
         nonlocal t0
@@ -285,7 +292,8 @@ def measure_quality(key: QualityKey, device: str, gpu: DeviceSpec, seed: int = 0
         with torch.no_grad():
             ref = reference(model_spec, device)
             windows, text_tokens = ref.windows(key.tokens, key.window)
-            continuations = ref.continuations()
+            continuations = ref.continuations(continuations)
+            decoded = [asdict(c) for c in continuations]
             lap("reference")
             longest = max(len(c.prompt) + len(c.new) for c in continuations)
             session = REGISTRY[key.path].open(model_spec, device,
@@ -306,7 +314,7 @@ def measure_quality(key: QualityKey, device: str, gpu: DeviceSpec, seed: int = 0
         result.reason = failure_reason(e, "not measured")
     finally:
         release(session)
-    return result
+    return result, decoded
 
 
 def describe(row) -> dict[str, str]:

@@ -158,6 +158,11 @@ def cell_job(cell: dict, run: dict, device: str, seed: int, trust_remote_code: b
     return measure_prepared(prepared, CellRun.from_dict(run), model_spec, device, seed).as_dict()
 
 
+# The reference's greedy continuations of each model on each device, as this command's first
+# quality measurement of it decoded them (seconds a path on a CPU): its later paths' reuse them.
+_continuations: dict[tuple[str, str, bool], list[dict]] = {}
+
+
 def run_quality_in_child(key: QualityKey, device: str, gpu: DeviceSpec, seed: int = 0,
                          trust_remote_code: bool = False,
                          timeout_s: float = TIMEOUT_S) -> QualityResult:
@@ -168,20 +173,26 @@ def run_quality_in_child(key: QualityKey, device: str, gpu: DeviceSpec, seed: in
                                        gpu)
     if not runnable:
         return result
+    reference = (key.model, device, trust_remote_code)
     args = {"key": asdict(key), "device": device, "gpu": asdict(gpu), "seed": seed,
-            "trust_remote_code": trust_remote_code}
+            "trust_remote_code": trust_remote_code,
+            "continuations": _continuations.get(reference)}
     try:
-        return QualityResult.from_dict(run_in_child("floorline.measure.runner:quality_job", args,
-                                                    timeout_s))
+        out = run_in_child("floorline.measure.runner:quality_job", args, timeout_s)
     except ChildFailed as e:
         result.reason = f"the measurement's process failed: {e.reason}"
         return result
+    if out["continuations"] is not None:
+        _continuations[reference] = out["continuations"]
+    return QualityResult.from_dict(out["quality"])
 
 
-def quality_job(key: dict, device: str, gpu: dict, seed: int, trust_remote_code: bool) -> dict:
-    """measure_quality inside the child."""
-    return measure_quality(QualityKey(**key), device, DeviceSpec(**gpu), seed,
-                           trust_remote_code).as_dict()
+def quality_job(key: dict, device: str, gpu: dict, seed: int, trust_remote_code: bool,
+                continuations: list[dict] | None) -> dict:
+    """measure_quality inside the child: its row and the reference's continuations."""
+    result, decoded = measure_quality(QualityKey(**key), device, DeviceSpec(**gpu), seed,
+                                      trust_remote_code, continuations)
+    return {"quality": result.as_dict(), "continuations": decoded}
 
 
 def main(argv: list[str]) -> None:
