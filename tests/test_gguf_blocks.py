@@ -175,6 +175,31 @@ def test_a_row_of_partial_blocks_names_its_tensor(tmp_path):
         open_gguf(path)
 
 
+def test_the_files_reader_reads_what_gguf_pys_own_reads(tmp_path):
+    from floorline.models.gguf_checkpoint import open_gguf
+
+    path = tmp_path / "t.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_token_list([f"token {i}" for i in range(3000)])  # the arrays a tokenizer brings
+    w.add_token_scores([i / 7 for i in range(3000)])
+    w.add_block_count(2)
+    w.add_tensor("blk.0.ffn_up.weight", np.arange(96, dtype=np.float32).reshape(3, 32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ours, theirs = open_gguf(path), gguf.GGUFReader(str(path))
+    assert list(ours.fields) == list(theirs.fields)
+    for name, field in theirs.fields.items():
+        mine = ours.fields[name]
+        assert (mine.types, mine.data, mine.offset) == (field.types, field.data, field.offset)
+        assert [p.tobytes() for p in mine.parts] == [p.tobytes() for p in field.parts]
+    [t], [u] = ours.tensors, theirs.tensors
+    assert (t.name, t.tensor_type, list(t.shape), t.data_offset) == \
+        (u.name, u.tensor_type, list(u.shape), u.data_offset)
+    assert np.array_equal(t.data, u.data)
+
+
 def test_a_cut_short_file_is_one_line(tmp_path):
     from floorline.models.gguf_checkpoint import open_gguf
 

@@ -192,10 +192,10 @@ GGUF_ENGINE_FORMATS = {"Q4_0": "int4", "Q4_1": "q4_1", "Q8_0": "q8_0", "F32": "b
 def engine_gguf_format(model_spec: ModelSpec) -> str:
     """The weight format of the engine running a model directory's GGUF file as stored
     (`engine-gguf`): its layer matrices' one type and its LM head's, read from the file."""
-    from floorline.models.gguf_checkpoint import model_gguf, open_gguf, stored_types
+    from floorline.models.gguf_checkpoint import model_gguf, stored_types
 
     path = model_gguf(model_spec)
-    matrices, head = stored_types(open_gguf(path))
+    matrices, head = stored_types(path)
     unknown = sorted((matrices | {head}) - set(GGUF_ENGINE_FORMATS))
     if unknown:
         raise FloorlineError(f"{path}: tensors of type {', '.join(unknown)}, which the engine "
