@@ -149,3 +149,20 @@ def test_the_logits_leaders_are_the_fp32_products():
     assert (out - reference).abs().max() < 2 ** -7 * reference.abs().max()
     assert out.argmax() == reference.argmax() == 1
     assert linear(x.bfloat16(), w).argmax() == 0  # every logit rounded: a tie, row 0 taken
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_steps_rotation_is_the_references_to_the_bit(dtype):
+    from floorline.engine.kernels.attention import rotated_heads
+
+    g = torch.Generator().manual_seed(3)
+    heads, kv_heads, head_dim = 6, 2, 64
+    qkv = (torch.randn((heads + 2 * kv_heads) * head_dim, generator=g) * 4).to(dtype)
+    cos, sin = torch.randn(40, head_dim // 2, generator=g), torch.randn(40, head_dim // 2,
+                                                                        generator=g)
+    ops = CpuOps()
+    options = {"q_norm": None, "k_norm": None, "eps": 0.0, "rotary": None}
+    for p in (0, 7, 39, 7):
+        mine = ops._rotated(qkv, heads, kv_heads, head_dim, cos, sin, p, **options)
+        theirs = rotated_heads(qkv, heads, kv_heads, head_dim, cos[p], sin[p], **options)
+        assert torch.equal(mine, theirs)

@@ -51,6 +51,28 @@ class CpuOps(ReferenceOps):
     def __init__(self, plan: ProductPlan = AS_STORED):
         super().__init__()
         self.plan = plan  # each 16-bit product's route (cpu_products.plan_products)
+        self._turn: tuple = (None, None, -1, None, None)  # _turn_at's: cos, sin, p, C, S
+
+    def _turn_at(self, cos, sin, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position p's [c, c] and [s, -s] over a whole head, made once a step for every layer
+        that shares the rotary tables."""
+        last_cos, last_sin, last_p, c2, s2 = self._turn
+        if cos is not last_cos or sin is not last_sin or p != last_p:
+            c, s = cos[p], sin[p]
+            c2, s2 = torch.cat([c, c]), torch.cat([s, -s])
+            self._turn = (cos, sin, p, c2, s2)
+        return c2, s2
+
+    def _rotated(self, qkv, n_heads: int, n_kv_heads: int, head_dim: int, cos, sin, p: int,
+                 **options) -> torch.Tensor:
+        """rotated_heads' q and k heads. Where every dim turns and no norm comes first, in four
+        operations: x C - roll(x) S is x1 c - x2 s, x2 c + x1 s, each product and sum rounded
+        as rotated_heads rounds them (x - (-y) is x + y to the bit)."""
+        if options["q_norm"] is not None or options["rotary"] not in (None, head_dim):
+            return rotated_heads(qkv, n_heads, n_kv_heads, head_dim, cos[p], sin[p], **options)
+        c2, s2 = self._turn_at(cos, sin, p)
+        x = qkv[:(n_heads + n_kv_heads) * head_dim].view(-1, head_dim).float()
+        return (x * c2 - x.roll(head_dim // 2, -1) * s2).to(qkv.dtype)
 
     def gemv(self, x, w, out, *, norm=None, eps: float = 0.0, up=None, bias=None,
              accumulate: bool = False, act: str = "silu") -> None:
@@ -58,10 +80,12 @@ class CpuOps(ReferenceOps):
             super().gemv(x, w, out, norm=norm, eps=eps, up=up, bias=bias,
                          accumulate=accumulate, act=act)
             return
-        xf = x.float()
-        if norm is not None:
+        if norm is None:  # x rounded to W's dtype once, as through fp32 (no copy where it is)
+            xf, xw = None, x.to(w.dtype)
+        else:
+            xf = x.float()
             xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * norm
-        xw = xf.to(w.dtype)
+            xw = xf.to(w.dtype)
         y = linear(xw, w, self.plan)
         if up is not None:
             gate = F.silu(y) if act == "silu" else F.gelu(y, approximate="tanh")
@@ -74,6 +98,7 @@ class CpuOps(ReferenceOps):
         out.copy_(y)
         if out.dtype == torch.float32 and w.dtype != torch.float32 and up is None:
             top = out.topk(min(REFINED, out.shape[-1]), dim=-1).indices
+            xf = x.float() if xf is None else xf
             exact = (w[top].float() @ xf.unsqueeze(-1)).squeeze(-1)
             out.scatter_(-1, top, exact if bias is None else exact + bias[top].float())
 
@@ -82,8 +107,7 @@ class CpuOps(ReferenceOps):
         y = linear(x.to(dtype), dense(w, dtype), self.plan)
         return y if bias is None else y + bias
 
-    @staticmethod
-    def attention(qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,
+    def attention(self, qkv, k_cache, v_cache, cos, sin, pos, out, *, scale: float,
                   window: int | None, scratch=None, block_t: int = 64, scales=None,
                   q_norm=None, k_norm=None, eps: float = 0.0, rotary: int | None = None) -> None:
         """The reference's contract (floorline.engine.kernels.attention), over the live span
@@ -93,7 +117,7 @@ class CpuOps(ReferenceOps):
         n_heads = out.numel() // head_dim
         p = int(pos)
         rotated = (n_heads + n_kv_heads) * head_dim
-        r = rotated_heads(qkv, n_heads, n_kv_heads, head_dim, cos[p], sin[p], q_norm=q_norm,
+        r = self._rotated(qkv, n_heads, n_kv_heads, head_dim, cos, sin, p, q_norm=q_norm,
                           k_norm=k_norm, eps=eps, rotary=rotary)
         k_new, v_new = r[n_heads:], qkv[rotated:].view(n_kv_heads, head_dim)
         lo = 0 if window is None else max(0, p + 1 - window)
