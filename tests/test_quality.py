@@ -208,6 +208,11 @@ def test_the_quality_and_show_commands(checkpoint, tmp_path):
              "--warmup", 1, "--db", db, "--device", "cpu", "--quality-tokens", 512, check=True)
     assert Store(db).quality_rows()[-1].reason == ("not measured: windows of 512 tokens do not "
                                                    "fit below the model's 256 positions")
+    # in the quality command's windows, the sweep finds its row already measured
+    run = run_here("sweep", "--models", checkpoint, "--ctx", 16, "--paths", "engine", "--steps",
+                   3, "--warmup", 1, "--db", db, "--device", "cpu", "--quality-tokens", TOKENS,
+                   "--quality-window", WINDOW, check=True)
+    assert "1 model and path pair(s): 0 measured, 1 already valid" in " ".join(run.stdout.split())
     shown = run_here("show", "--db", db, check=True)  # the valid row is the cell's quality
     assert "ppl vs fp32" in shown.stdout and f"{rows[0].ppl_increase:+.2%}" in shown.stdout
     run_here("report", "--db", db, "--out", tmp_path / "report", check=True)

@@ -89,8 +89,12 @@ def sweep(
              "with real weights and path; not with --cluster (run `floorline quality` "
              "there).")] = False,
     quality_tokens: Annotated[int, typer.Option(
-        help=f"Tokens of the evaluation text the quality is measured on, in windows of {WINDOW} "
-             f"(`floorline quality` measures {TOKENS} by default).")] = SWEEP_TOKENS,
+        help=f"Tokens of the evaluation text the quality is measured on, in windows of "
+             f"--quality-window (`floorline quality` measures {TOKENS} by default).")
+    ] = SWEEP_TOKENS,
+    quality_window: Annotated[int, typer.Option(
+        help="Tokens of each window the text is scored in, each from its second position "
+             "(the quality's 95% intervals are over windows).")] = WINDOW,
     label: LABEL_OPTION = None,
 ) -> None:
     """Measure a grid of cells into the results database (bare: the study's grid, or the CPU demo)."""  # noqa: E501
@@ -98,14 +102,15 @@ def sweep(
     width = parse_rel_width(rel_width, step_count)
     timeout_s = parse_timeout(timeout)
     warmup_count = parse_count(warmup, "--warmup", 0)
-    check_windows(quality_tokens, WINDOW, "--quality-tokens")
+    check_windows(quality_tokens, quality_window, "--quality-tokens", "--quality-window")
     device = check_device(device) if cluster is None else fleet_device(device, cluster)
     default = default_grid(device)
     grid = check_grid(Grid(tuple(split_list(models, "--models")) or default.models,
                            tuple(parse_contexts(ctx)) or default.contexts,
                            tuple(split_list(paths, "--paths")) or default.paths), trust_remote_code)
     keys = grid.cells(key_steps(step_count, width), key_warmup(warmup_count))
-    quality_keys = [] if no_quality else grid.quality(quality_tokens, WINDOW, trust_remote_code)
+    quality_keys = ([] if no_quality
+                    else grid.quality(quality_tokens, quality_window, trust_remote_code))
     options = {"models": grid.models, "contexts": grid.contexts, "paths": grid.paths,
                "steps": key_steps(step_count, width), "warmup": key_warmup(warmup_count),
                "device": device, "cluster": cluster, "force": force, "seed": seed,
