@@ -226,9 +226,9 @@ def file_type_value(fmt: str) -> int:
 
 def file_type(path: Path) -> str | None:
     """One of FORMATS for a GGUF of that general.file_type, else None."""
-    import gguf
+    from floorline.models.gguf_checkpoint import open_gguf
 
-    field = gguf.GGUFReader(str(path)).fields.get("general.file_type")
+    field = open_gguf(path).fields.get("general.file_type")
     if field is None:
         return None
     value = int(field.parts[field.data[0]][0])

@@ -175,6 +175,7 @@ def config_from_metadata(reader, where: Path) -> dict:
     return config
 
 
+@cache
 def _reader_class():
     """gguf-py's reader, reading the file's bytes through a plain array view of its memory map.
     The reader slices its numpy memmap once for each value of the header, some 250,000 times for
@@ -211,7 +212,7 @@ def _partial_row(gguf_path: Path) -> str | None:
     header alone (the reader refuses the file without naming it); None where none has."""
     import gguf
 
-    class Header(gguf.GGUFReader):  # stops after the tensors' descriptions
+    class Header(_reader_class()):  # stops after the tensors' descriptions
         def _build_tensors(self, start_offs, fields):
             self.descriptions = fields
 
