@@ -16,12 +16,13 @@ import pytest
 from test_bad_input import checkpoint  # noqa: F401
 
 UID = 4242 + os.getpid() % 1000  # no passwd entry: a user namespace maps it onto this user
+NAMES = ("LOGNAME", "USER", "LNAME", "USERNAME")  # where getpass.getuser() looks before passwd
 
 
 def homeless(*args: str, tmp_path, **popen) -> subprocess.Popen:
     """`floorline ARGS` as UID, with HOME and floorline's cache unset (the suite runs as root in
     CI: a user namespace of its own gives the process an id the passwd file does not know)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("HOME", "FLOORLINE_CACHE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("HOME", "FLOORLINE_CACHE", *NAMES)}
     env["TMPDIR"] = str(tmp_path)  # the fallback home, within the test's folder
     return subprocess.Popen(
         ["unshare", "--user", f"--map-user={UID}", f"--map-group={UID}",
@@ -63,6 +64,25 @@ def test_a_sweep_measures_its_cell(tmp_path):
     out = finished(homeless("show", "--db", str(db), "--json", tmp_path=tmp_path), tmp_path)
     [cell] = json.loads(out)
     assert cell["status"] != "invalid" and cell["median_ms"] > 0, cell["reason"]
+
+
+@pytest.mark.parametrize("home", [False, True])
+def test_a_user_with_no_passwd_entry_gets_a_name_libraries_can_ask_for(tmp_path, home):
+    # torch before 2.13 asks getpass for it when its compiler is imported, HOME set or not
+    env = {k: v for k, v in os.environ.items() if k not in ("HOME", *NAMES)}
+    if home:
+        env["HOME"] = str(tmp_path)
+    ask = ("import getpass; from floorline.localcache import settle_home; settle_home(); "
+           "print(getpass.getuser())")
+    done = subprocess.run(["unshare", "--user", f"--map-user={UID}", f"--map-group={UID}",
+                           sys.executable, "-c", ask], env={**env, "TMPDIR": str(tmp_path)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == f"uid_{UID}\n", done.stderr
+    kept = subprocess.run(["unshare", "--user", f"--map-user={UID}", f"--map-group={UID}",
+                           sys.executable, "-c", ask],
+                          env={**env, "TMPDIR": str(tmp_path), "USER": "robot"},
+                          capture_output=True, text=True, timeout=60)
+    assert kept.returncode == 0 and kept.stdout == "robot\n", kept.stderr
 
 
 def test_generate_answers(tmp_path, checkpoint):  # noqa: F811

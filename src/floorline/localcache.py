@@ -4,6 +4,7 @@ home for the libraries' caches where the user has none."""
 from __future__ import annotations
 
 import atexit
+import getpass
 import os
 import shutil
 import sys
@@ -25,6 +26,7 @@ def settle_home() -> None:
     temporary directory, for this process and those it starts: floorline's cache, Triton's,
     transformers' and matplotlib's all live under it. Says so in one line; once HOME is set,
     later calls find it and say nothing."""
+    settle_user_name()
     try:
         Path.home()
         return
@@ -46,6 +48,18 @@ def settle_home() -> None:
     os.environ["HOME"] = str(home)
     print(f"floorline: {missing}: caches go under {home} (set HOME, or FLOORLINE_CACHE for "
           "floorline's own, to choose)", file=sys.stderr)
+
+
+def settle_user_name() -> None:
+    """A user id with no passwd entry has no name, and getpass.getuser() raises KeyError for it:
+    torch before 2.13 asks for it unguarded when its compiler is imported, to name that cache's
+    folder (pytorch/pytorch#140765), which transformers does while building a model. Such a user
+    is then named uid_<id>, torch's own later fallback, through USER, for this process and those
+    it starts. A name the environment gives is kept."""
+    try:
+        getpass.getuser()
+    except (KeyError, OSError):  # OSError from Python 3.13 on
+        os.environ["USER"] = f"uid_{os.getuid()}"
 
 
 def quiet_matplotlib_config() -> None:
