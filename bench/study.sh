@@ -49,9 +49,10 @@ MODELS=${MODELS:-qwen2.5-7b,llama-3.1-8b,mistral-7b-v0.3} CTX=${CTX:-2048,4096,8
 HEADLINE_MODEL=qwen2.5-7b
 HEADLINE_PATHS=${HEADLINE_PATHS:-hf-eager,hf-static,hf-static+graphs,engine,engine-int4,engine-fp8,engine-int4-fp8head}
 SMALL_MODELS=${SMALL_MODELS:-qwen3-0.6b,llama-3.2-1b}
-ab() {  # ab A B CTX NAME: an A/B of 10 fresh sessions into $R/${GPU}_ab_NAME.json
+ab() {  # ab A B CTX NAME: an A/B of 10 fresh sessions into $R/${GPU}_ab_NAME.json, carrying on
+  # one that was cut off in $DB
   fl ab --db "$DB" --a "$1" --b "$2" --model $HEADLINE_MODEL --ctx "$3" --sessions 10 \
-    --seed 2026 --json > "$R/${GPU}_ab_$4.json"
+    --seed 2026 --resume --json > "$R/${GPU}_ab_$4.json"
   python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['sentence'])" "$R/${GPU}_ab_$4.json"
 }
 for stage in "$@"; do

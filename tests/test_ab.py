@@ -81,6 +81,25 @@ def test_ab_end_to_end_paired_with_three_fresh_sessions(tmp_path):
     stored = json.loads(con.execute("SELECT summary FROM ab_experiments").fetchone()[0])
     assert stored["speedup"] == out["speedup"]
 
+    # cut off after its second session (its machine lost): --resume runs the third alone
+    with con:
+        con.execute("UPDATE ab_experiments SET summary=NULL, finished_at=NULL")
+        con.execute("DELETE FROM ab_sessions WHERE idx=2")
+    kept = con.execute("SELECT idx, samples_a, samples_b FROM ab_sessions").fetchall()
+    again = run_here("ab", "--a", "hf-static", "--b", "hf-static", "--model", "tiny-llama",
+                     "--ctx", "32", "--sessions", "3", "--steps", "8", "--block", "2",
+                     "--db", db, "--gpu", "l4", "--json", "--resume", check=True)
+    assert "seed 5" in again.stderr and ("resuming the A/B cut off in " + str(db) +
+                                         ": 2 of its sessions are stored, 1 to run") in again.stderr
+    resumed = json.loads(again.stdout)
+    assert resumed["sessions"] == 3 and resumed["seed"] == 5
+    assert [s["index"] for s in resumed["per_session"]] == [0, 1, 2]
+    assert con.execute("SELECT COUNT(*) FROM ab_experiments").fetchone()[0] == 1
+    assert con.execute("SELECT idx, samples_a, samples_b FROM ab_sessions WHERE idx < 2"
+                       ).fetchall() == kept
+    assert json.loads(con.execute("SELECT summary FROM ab_experiments").fetchone()[0])[
+        "per_session"] == resumed["per_session"]
+
 
 def test_ab_unpaired_runs_each_arm_in_its_own_session():
     with runner.warm_worker("cpu"):  # as the command runs it on the CPU: a fork per arm
@@ -140,3 +159,71 @@ def test_a_command_whose_every_measurement_failed_exits_1_in_one_line(tmp_path, 
     assert proc.returncode == 1 and proc.stdout == "", proc.stderr
     assert proc.stderr.splitlines()[-1] == f"floorline: error: {line}", proc.stderr
     assert proc.stderr.count("floorline: error:") == 1 and "Traceback" not in proc.stderr
+
+
+class Sessions:
+    """A bench's session runner that makes up each session from its index and seed (the first
+    arm and energy too), and can be cut off after a number of sessions, as a killed run is."""
+
+    def __init__(self, cut_after: int | None = None):
+        self.cut_after, self.ran = cut_after, []
+
+    def __call__(self, plan, indices, on_session):
+        out = []
+        for i in indices:
+            if self.cut_after is not None and len(self.ran) == self.cut_after:
+                raise KeyboardInterrupt
+            rng = np.random.default_rng(plan.seed * 1000 + i)
+            first = plan.a if rng.random() < 0.5 else plan.b
+            s = SessionResult(i, "ok", None, first, list(rng.uniform(2, 3, 4)),
+                              list(rng.uniform(1, 2, 4)), [8, 8 + i],
+                              {"joules_per_token": 2.0 + i, "error_bound": 0.001},
+                              {"joules_per_token": 1.0, "error_bound": 0.001})
+            self.ran.append(i)
+            on_session(s)
+            out.append(s)
+        return out
+
+
+def recorded(tmp_path, sessions, seed=7, env=None, resume=True, any_seed=False, n=5):
+    from floorline.measure.ab import Bench, Recording
+
+    plan = Plan("hf-static", "hf-static+graphs", "tiny-llama", 16, "cuda", "h100-sxm5",
+                sessions=n, seed=seed)
+    env = env or {"device": "NVIDIA H100", "torch": "2.11.0", "floorline": "0.2.0"}
+    return Recording(Bench(plan, env, sessions), tmp_path / "r.db", {}, None, resume, any_seed)
+
+
+def test_a_cut_off_ab_resumed_ends_as_an_uninterrupted_one(tmp_path):
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "cut").mkdir()
+    whole = recorded(tmp_path / "whole", Sessions()).run()
+    with pytest.raises(KeyboardInterrupt):
+        recorded(tmp_path / "cut", Sessions(cut_after=3)).run()
+    rest = Sessions()
+    again = recorded(tmp_path / "cut", rest, seed=99, any_seed=True)  # the seed adopted
+    assert again.plan.seed == 7 and [s.index for s in again.resumed] == [0, 1, 2]
+    summary = again.run()
+    assert rest.ran == [3, 4]
+    assert summary.as_dict() == whole.as_dict()  # energy and warm-up kept through the database
+    assert summary.energy is not None and summary.energy.n == 5
+    from floorline.store import Store
+
+    assert Store(tmp_path / "cut" / "r.db").ab_summaries()[0]["speedup"] == whole.speedup.estimate
+
+
+@pytest.mark.parametrize("change", ["no --resume", "another seed asked", "another environment",
+                                    "more sessions", "finished"])
+def test_only_a_cut_off_ab_of_the_same_plan_and_environment_is_resumed(tmp_path, change):
+    with pytest.raises(KeyboardInterrupt):
+        recorded(tmp_path, Sessions(cut_after=2)).run()
+    if change == "finished":
+        recorded(tmp_path, Sessions()).run()  # a new A/B, resuming the cut-off one, ends it
+        assert recorded(tmp_path, Sessions()).experiment is None
+        return
+    kwargs = {"no --resume": {"resume": False}, "another seed asked": {"seed": 8},
+              "another environment": {"env": {"device": "NVIDIA H200", "torch": "2.11.0"}},
+              "more sessions": {"n": 6}}[change]
+    fresh = recorded(tmp_path, Sessions(), **kwargs)
+    assert fresh.experiment is None and fresh.resumed == [] and fresh.to_run() == list(
+        range(fresh.plan.sessions))

@@ -46,6 +46,7 @@ class Session:  # what Store.add_ab_session reads of an A/B session
         self.index, self.status, self.reason, self.first_arm = index, VALID, None, "a"
         self.ms_a, self.ms_b, self.ratio = 2.0, 1.0, 2.0
         self.samples_a, self.samples_b = [2.0], [1.0]
+        self.warmup_steps, self.energy_a, self.energy_b, self.energy_note = [8, 8], None, None, None
 
 
 def test_merge_copies_each_result_once_and_keeps_where_it_came_from(tmp_path, cli):
@@ -174,8 +175,9 @@ def test_a_committed_database_reads_as_its_raw_rows_and_new_ones_extend_its_tabl
     for table in ("cells", "ab_experiments", "ab_sessions", "explanations", "probes"):
         info = f"PRAGMA table_info({table})"
         old = raw.execute(info).fetchall()
-        run_id = [] if table == "ab_sessions" else [(len(old), "run_id", "INTEGER", 0, None, 0)]
-        assert new.execute(info).fetchall() == old + run_id
+        added = ([(len(old), "details", "TEXT", 0, None, 0)] if table == "ab_sessions"  # schema 6
+                 else [(len(old), "run_id", "INTEGER", 0, None, 0)])  # schema 4
+        assert new.execute(info).fetchall() == old + added
     index = "PRAGMA index_info(cells_by_key)"
     assert new.execute(index).fetchall() == raw.execute(index).fetchall()
 
@@ -252,7 +254,8 @@ def test_a_merge_refuses_a_column_the_target_lacks_and_fills_one_only_the_target
     Store(strict).close()
     edit(strict, "DROP TABLE ab_sessions", "CREATE TABLE ab_sessions (experiment_id INTEGER, "
          "idx INTEGER, status TEXT, reason TEXT, first_arm TEXT, ms_a REAL, ms_b REAL, "
-         "ratio REAL, samples_a TEXT, samples_b TEXT, finished_at TEXT, tag TEXT NOT NULL)")
+         "ratio REAL, samples_a TEXT, samples_b TEXT, finished_at TEXT, details TEXT, "
+         "tag TEXT NOT NULL)")
     proc = cli("merge", strict, source)
     assert proc.returncode == 2 and proc.stderr.startswith(
         f"floorline: error: cannot write to results database {strict}: NOT NULL constraint "

@@ -34,8 +34,11 @@ from floorline.records import (
     SpeculationResult,
 )
 
-# 2: A/B experiments, card probes, explanations; 3: quality; 4: runs; 5: speculation
-SCHEMA_VERSION = 5
+# 2: A/B experiments, card probes, explanations; 3: quality; 4: runs; 5: speculation; 6: an A/B
+# session's warm-up and energy (ab_sessions.details), so that a cut-off A/B can be resumed whole
+SCHEMA_VERSION = 6
+# An A/B session's fields kept in ab_sessions.details (measure/ab.py's SessionResult).
+SESSION_DETAILS = ("warmup_steps", "energy_a", "energy_b", "energy_note")
 # The tables whose rows point at the run that wrote them (schema 4 added the column to each).
 RUN_TABLES = ("cells", "quality", "ab_experiments", "explanations", "probes", "speculation")
 
@@ -272,7 +275,8 @@ CREATE TABLE IF NOT EXISTS ab_sessions (
     idx INTEGER NOT NULL, status TEXT NOT NULL, reason TEXT, first_arm TEXT,
     ms_a REAL, ms_b REAL, ratio REAL,
     samples_a TEXT NOT NULL, samples_b TEXT NOT NULL,  -- JSON lists
-    finished_at TEXT NOT NULL
+    finished_at TEXT NOT NULL,
+    details TEXT                   -- JSON: warm-up steps and energy per arm (NULL before schema 6)
 );
 CREATE TABLE IF NOT EXISTS explanations (
     id INTEGER PRIMARY KEY,
@@ -400,6 +404,8 @@ class Store:
             for table in RUN_TABLES:  # a database from before schema 4
                 if "run_id" not in table_columns(db, table):
                     db.execute(f"ALTER TABLE {table} ADD COLUMN run_id INTEGER")
+            if "details" not in table_columns(db, "ab_sessions"):  # from before schema 6
+                db.execute("ALTER TABLE ab_sessions ADD COLUMN details TEXT")
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.execute("COMMIT")
         except sqlite3.DatabaseError as e:
@@ -495,7 +501,33 @@ class Store:
             "reason": session.reason, "first_arm": session.first_arm, "ms_a": session.ms_a,
             "ms_b": session.ms_b, "ratio": session.ratio,
             "samples_a": json.dumps(session.samples_a), "samples_b": json.dumps(session.samples_b),
-            "finished_at": now()})
+            "finished_at": now(),
+            "details": json.dumps({k: getattr(session, k) for k in SESSION_DETAILS},
+                                  sort_keys=True)})
+
+    def unfinished_ab(self, plan: dict, env_key: str, any_seed: bool) -> dict | None:
+        """The newest A/B experiment without a summary (cut off) whose plan is `plan`'s (its
+        seed aside where `any_seed`; its per-session time limit aside always) in the
+        environment `env_key`: its id, stored plan and sessions (each row's columns, its JSON
+        decoded, in session order); None where there is none."""
+        ignored = {"timeout_s"} | ({"seed"} if any_seed else set())
+        same = lambda p: {k: v for k, v in p.items() if k not in ignored}  # noqa: E731
+        for i, text in self._read("SELECT id, plan FROM ab_experiments WHERE summary IS NULL "
+                                  "AND fingerprint_key=? ORDER BY id DESC", (env_key,)):
+            stored = self._json(text, "ab_experiments", i, "plan")
+            if same(stored) != same(plan):
+                continue
+            names = ["idx", "status", "reason", "first_arm", "samples_a", "samples_b", "details"]
+            sessions = []
+            for values in self._read(f"SELECT {', '.join(names)} FROM ab_sessions WHERE "
+                                     "experiment_id=? ORDER BY idx", (i,)):
+                row = dict(zip(names, values))
+                for k, kind in (("samples_a", list), ("samples_b", list), ("details", dict)):
+                    row[k] = (None if row[k] is None
+                              else self._json(row[k], "ab_sessions", i, k, kind))
+                sessions.append(row)
+            return {"id": i, "plan": stored, "sessions": sessions}
+        return None
 
     def finish_ab(self, experiment_id: int, summary: dict) -> None:
         self.db.execute("UPDATE ab_experiments SET summary=?, finished_at=? WHERE id=?",

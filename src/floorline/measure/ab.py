@@ -26,7 +26,6 @@ from floorline.measure.session import Job, job_budget, run_fresh, shared_base
 from floorline.models import resolve_model
 from floorline.paths import parse_path, require_available
 from floorline.stats import Interval, mean_interval, summarise
-from floorline.store import Store
 
 
 @dataclass(frozen=True)
@@ -211,42 +210,41 @@ def check_plan(plan: Plan) -> None:
                    any(specs[arm].graphs for arm in arms))
 
 
-def run_ab(plan: Plan, on_session: Callable[[SessionResult], None] = lambda s: None) -> ABSummary:
+OnSession = Callable[[SessionResult], None]
+# Runs the plan's sessions of the given indices, handing each to on_session as it ends; returns
+# them in index order (run_sessions here, or a fleet's).
+Sessions = Callable[[Plan, list[int], OnSession], list[SessionResult]]
+
+
+def run_sessions(plan: Plan, indices: list[int], on_session: OnSession) -> list[SessionResult]:
     check_plan(plan)
     sessions = []
-    for index in range(plan.sessions):
+    for index in indices:
         result = run_session(plan, index)
         on_session(result)
         sessions.append(result)
-    return summarise_sessions(plan, sessions)
+    return sessions
 
 
-def run_recorded(plan: Plan, run: Callable[[Callable[[SessionResult], None]], ABSummary],
-                 store: Store, env: dict,
-                 on_session: Callable[[SessionResult], None] | None = None) -> ABSummary:
-    """An A/B experiment run by `run(on_session)` (run_ab, or a fleet's) and stored: its plan
-    and environment first, each session as it ends (then `on_session`), its summary last."""
-    experiment = store.start_ab({**plan.__dict__, "paired": plan.paired}, env,
-                                fingerprint_key(env))
+def run_ab(plan: Plan, on_session: OnSession = lambda s: None) -> ABSummary:
+    return summarise_sessions(plan, run_sessions(plan, list(range(plan.sessions)), on_session))
 
-    def stored(session: SessionResult) -> None:
-        store.add_ab_session(experiment, session)
-        if on_session is not None:
-            on_session(session)
 
-    summary = run(stored)
-    store.finish_ab(experiment, summary.as_dict())
-    return summary
+def stored_session(row: dict) -> SessionResult:
+    """A session as the results database holds it (Store.unfinished_ab); its warm-up and energy
+    None where a database from before they were stored lacks them."""
+    return SessionResult(row["idx"], row["status"], row["reason"], row["first_arm"],
+                         row["samples_a"], row["samples_b"], **(row["details"] or {}))
 
 
 @dataclass
 class Bench:
     """Where an A/B's sessions run: its plan (with the GPU they run on), the environment they
-    are stored with, and `run(on_session)`, which runs them and returns the summary."""
+    are stored with, and `run`, which runs sessions of a plan (Sessions)."""
 
     plan: Plan
     env: dict
-    run: Callable[[Callable[[SessionResult], None]], ABSummary]
+    run: Sessions
 
 
 def here(plan: Plan, gpu: DeviceSpec | None) -> Bench:
@@ -254,19 +252,56 @@ def here(plan: Plan, gpu: DeviceSpec | None) -> Bench:
     by measuring), its GPU `gpu` where one is named."""
     check_plan(plan)
     plan = replace(plan, gpu=(gpu or detect(plan.device)).name)
-    return Bench(plan, environment(plan.device), lambda on_session: run_ab(plan, on_session))
+    return Bench(plan, environment(plan.device), run_sessions)
 
 
 class Recording:
     """A bench's A/B experiment as a run of the results database `db`, begun when made (its plan
-    and `options` recorded with it); run() runs it (run_recorded) and ends the run."""
+    and `options` recorded with it). With `resume`, an experiment of the same plan in the same
+    environment that was cut off (no summary: killed, or its machine lost) is carried on
+    instead of a new one begun, its seed adopted where `any_seed` (none was asked for):
+    `resumed` is then the sessions it holds, and `plan` the plan with its seed. Sessions are
+    seeded by their index, so the sessions run are those an uninterrupted run would have run.
+    run() runs the sessions still to run, stores each as it ends and the summary over all of
+    them last, and ends the run."""
 
-    def __init__(self, bench: Bench, db: Path, options: dict, label: str | None):
-        self.bench = bench
-        self.store = open_run(db, "ab", {**bench.plan.__dict__, **options}, bench.env, label)
+    def __init__(self, bench: Bench, db: Path, options: dict, label: str | None,
+                 resume: bool = False, any_seed: bool = False):
+        self.bench, self.key = bench, fingerprint_key(bench.env)
+        self.store = open_run(db, "ab", {**bench.plan.__dict__, **options, "resume": resume},
+                              bench.env, label)
+        self.experiment, self.resumed = None, []
+        found = (self.store.unfinished_ab(self._plan_dict(bench.plan), self.key, any_seed)
+                 if resume else None)
+        if found is not None:
+            self.bench = replace(bench, plan=replace(bench.plan, seed=found["plan"]["seed"]))
+            self.experiment = found["id"]
+            self.resumed = [stored_session(row) for row in found["sessions"]]
 
-    def run(self, on_session: Callable[[SessionResult], None] | None = None) -> ABSummary:
-        bench = self.bench
-        summary = run_recorded(bench.plan, bench.run, self.store, bench.env, on_session)
-        self.store.end_run()
+    @property
+    def plan(self) -> Plan:
+        return self.bench.plan
+
+    @staticmethod
+    def _plan_dict(plan: Plan) -> dict:
+        return {**plan.__dict__, "paired": plan.paired}
+
+    def to_run(self) -> list[int]:
+        done = {s.index for s in self.resumed}
+        return [i for i in range(self.plan.sessions) if i not in done]
+
+    def run(self, on_session: OnSession | None = None) -> ABSummary:
+        plan, store = self.plan, self.store
+        if self.experiment is None:
+            self.experiment = store.start_ab(self._plan_dict(plan), self.bench.env, self.key)
+
+        def stored(session: SessionResult) -> None:
+            store.add_ab_session(self.experiment, session)
+            if on_session is not None:
+                on_session(session)
+
+        new = self.bench.run(plan, self.to_run(), stored)
+        summary = summarise_sessions(plan, sorted(self.resumed + new, key=lambda s: s.index))
+        store.finish_ab(self.experiment, summary.as_dict())
+        store.end_run()
         return summary

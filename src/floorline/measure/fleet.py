@@ -28,13 +28,11 @@ from floorline.errors import FloorlineError, one_line
 from floorline.hardware import DeviceSpec, detect
 from floorline.measure import provenance
 from floorline.measure.ab import (
-    ABSummary,
     Bench,
     Plan,
     SessionResult,
     check_plan,
     run_session,
-    summarise_sessions,
 )
 from floorline.measure.fingerprint import environment, fingerprint_key
 from floorline.measure.runner import TIMEOUT_S, run_cell_in_child
@@ -560,21 +558,21 @@ def run_session_task(plan: Plan, index: int) -> SessionResult:
     return run_session(plan, index)
 
 
-def ab(fleet: Fleet, plan: Plan, on_session: Callable[[SessionResult], None],
-       attempts: int = ATTEMPTS) -> ABSummary:
-    """The plan's sessions spread over the fleet, each handed to `on_session` as it ends (a
-    session lost with its workers, failed); the summary over them all, in session order."""
+def ab(fleet: Fleet, plan: Plan, indices: list[int], on_session: Callable[[SessionResult], None],
+       attempts: int = ATTEMPTS) -> list[SessionResult]:
+    """The plan's sessions of `indices` spread over the fleet, each handed to `on_session` as it
+    ends (a session lost with its workers, failed); all of them, in session order."""
     sessions = []
 
     def done(index: int, s: SessionResult) -> None:
         on_session(s)
         sessions.append(s)
 
-    dispatch(fleet, list(range(plan.sessions)), lambda i: (run_session_task, plan, i),
+    dispatch(fleet, indices, lambda i: (run_session_task, plan, i),
              plan.device, None, attempts=attempts, on_result=done,
              on_lost=lambda i, tries, _: done(i, SessionResult(i, "failed",
                                                                lost_reason("session", tries))))
-    return summarise_sessions(plan, sorted(sessions, key=lambda s: s.index))
+    return sorted(sessions, key=lambda s: s.index)
 
 
 def one_kind(fleet: Fleet, device: str, gpu: DeviceSpec | None) -> dict:
@@ -597,7 +595,8 @@ def ab_bench(fleet: Fleet, plan: Plan, gpu: DeviceSpec | None) -> Bench:
     worker = one_kind(fleet, plan.device, gpu)
     plan = replace(plan, gpu=worker["gpu"])
     check_on_worker(fleet, check_plan, plan)
-    return Bench(plan, worker["env"], lambda on_session: ab(fleet, plan, on_session))
+    return Bench(plan, worker["env"],
+                 lambda plan, indices, on_session: ab(fleet, plan, indices, on_session))
 
 
 def check_on_worker(fleet: Fleet, check: Callable, *args) -> None:

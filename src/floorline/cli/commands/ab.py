@@ -62,6 +62,12 @@ def ab(
         help="Spread the sessions over a Dask cluster's workers, as `sweep --cluster` does "
              "(workers of one kind of GPU).")] = None,
     label: LABEL_OPTION = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Carry on the newest A/B of the same paths, model, context, sessions, "
+                         "steps and seed (any seed where --seed is not given) in --db that was "
+                         "cut off before its summary, in the same environment: only its missing "
+                         "sessions run. Without one, a new A/B begins. Not while that A/B still "
+                         "runs.")] = False,
 ) -> None:
     """A/B of two paths over fresh sessions: speedup with a 95% BCa bootstrap interval."""
     from floorline.measure import fleet
@@ -74,6 +80,7 @@ def ab(
     gpu_spec = None if gpu is None else named_gpu(gpu)
     resolve_model(model, trust_remote_code)
     device = check_device(device) if cluster is None else fleet_device(device, cluster)
+    any_seed = seed is None
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     # its GPU the one the sessions run on, which the bench finds
     plan = Plan(*arms, model, context, device, "", sessions, steps, block, warmup_count, seed,
@@ -85,13 +92,21 @@ def ab(
             bench = here(plan, gpu_spec)
         else:  # the GPU, environment and paths are the workers'
             bench = fleet.ab_bench(stack.enter_context(fleet.Fleet(cluster)), plan, gpu_spec)
-        plan, recording = bench.plan, Recording(bench, db, {"cluster": cluster}, label)
+        recording = Recording(bench, db, {"cluster": cluster}, label, resume, any_seed)
+        plan, to_run = recording.plan, recording.to_run()
         design = ("paired (ABBA blocks in each session)" if plan.paired
                   else "unpaired (one process per arm)")
         err.print(f"A/B {plan.a} vs {plan.b}: {plan.sessions} fresh sessions, {design}, seed "
                   f"{plan.seed}", highlight=False, markup=False)
+        if recording.experiment is not None:
+            err.print(f"resuming the A/B cut off in {db}: {len(recording.resumed)} of its "
+                      f"sessions are stored, {len(to_run)} to run", highlight=False,
+                      markup=False)
+        elif resume:
+            err.print(f"no cut-off A/B of this plan in {db} to resume: a new one begins",
+                      highlight=False, markup=False)
         with progress_bar() as progress:
-            task = progress.add_task("sessions", total=plan.sessions)
+            task = progress.add_task("sessions", total=len(to_run))
 
             def on_session(s):
                 progress.console.print(
