@@ -9,8 +9,9 @@ kernels), the explain decompositions in the database and in the explain JSON fil
 
 The H100's: the newest valid row of each cell over every database in the H100's folders
 (bench/results/h100-*/), the one-token step's only (a verify step of K tokens is no cell the
-model describes), with its explain and probe JSON files (h100_explain_*.json, h100_probe.json)
-where they exist.
+model describes) and of models this machine can resolve (a local directory on the GPU's machine,
+such as a GGUF file's, is not here: LEFT_OUT counts those), with its explain and probe JSON files
+(h100_explain_*.json, h100_probe.json) where they exist.
 
     PYTHONPATH=src python bench/forecast_calibration.py     # writes the shipped calibration
 """
@@ -18,6 +19,7 @@ where they exist.
 import json
 from pathlib import Path
 
+from floorline.errors import FloorlineError
 from floorline.forecast.calibration import (
     SHIPPED,
     Calibration,
@@ -26,6 +28,7 @@ from floorline.forecast.calibration import (
     from_rows,
     probe_record,
 )
+from floorline.models import resolve_model
 from floorline.paths import verify_tokens
 from floorline.store import Store
 
@@ -62,19 +65,33 @@ def h200() -> Calibration:
     return cal
 
 
+LEFT_OUT: list[dict] = []  # the H100's cells of models not on this machine (h100())
+
+
+def at_hand(model: str) -> bool:
+    try:
+        resolve_model(model)
+    except FloorlineError:
+        return False
+    return True
+
+
 def h100(databases: list[Path] | None = None) -> Calibration:
     """`databases` (by default every one of the H100's folders) as one calibration: the newest
-    valid row of each one-token cell."""
+    valid row of each one-token cell of a model at hand (the others in LEFT_OUT)."""
     newest: dict[tuple, dict] = {}
     cal = Calibration()
+    LEFT_OUT.clear()
     for db in databases or sorted(RESULTS.glob("h100-*/*.db")):
         store = Store(db, read_only=True)
         mine = from_rows(store.rows(), store.explanations(), store.probes(),
                          f"H100 {db.parent.name}/{db.name}", store.probe_devices())
         for c in mine.cells:
             key = (c["model"], c["ctx"], c["path"], c["gpu"])
-            if verify_tokens(c["path"]) == 1 and (key not in newest or c["finished_at"]
-                                                  >= newest[key]["finished_at"]):
+            if not at_hand(c["model"]):
+                LEFT_OUT.append(c)
+            elif verify_tokens(c["path"]) == 1 and (key not in newest or c["finished_at"]
+                                                    >= newest[key]["finished_at"]):
                 newest[key] = c
         cal.explanations += mine.explanations
         cal.probes += mine.probes

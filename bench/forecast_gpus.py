@@ -19,7 +19,7 @@ from floorline.forecast.accuracy import by_family, leave_one_gpu_out
 from floorline.forecast.calibration import Calibration, from_rows
 from floorline.models import resolve_model
 from floorline.store import Store
-from forecast_calibration import RESULTS, h100, h200
+from forecast_calibration import LEFT_OUT, RESULTS, h100, h200
 
 FP8_DOTS = RESULTS / "h100-fp8-dots"
 
@@ -91,7 +91,10 @@ def main() -> None:
     out = ["# The forecast left one GPU out", "",
            f"H200: {len(h2.cells)} cells, {len(h2.explanations)} explain, {len(h2.probes)} "
            f"probes; H100: {len(h1.cells)} cells, {len(h1.explanations)} explain, "
-           f"{len(h1.probes)} probes (bench/forecast_calibration.py).", ""]
+           f"{len(h1.probes)} probes (bench/forecast_calibration.py)"
+           + (f"; left out, their models local directories of the GPU's machine: "
+              f"{len(LEFT_OUT)} H100 cells ({', '.join(sorted({c['model'] for c in LEFT_OUT}))})"
+              if LEFT_OUT else "") + ".", ""]
     runs = {}
     for held_in, held_out, gpu in (("H200", "H100", "h100-sxm5"), ("H100", "H200", "h200")):
         runs[gpu] = leave_one_gpu_out(both, gpu)

@@ -225,12 +225,27 @@ def sm_time(cal: Calibration, path: str, terms: dict[str, Term]) -> Term | None:
     if source_path == reference(cal, path):
         return None
     tau = terms[FIXED].value / 1e3 if FIXED in terms else 0.0
-    values = [(ms - tau * layers(c["model"])) / (weight_bytes(c["model"], c["weight_format"]) / 1e9)
-              for c, ms in _beyond_streaming(cal, source_path, terms)]
-    if not values:
+    per_gb = []  # (ms per GB, GB) of each cell
+    for c, ms in _beyond_streaming(cal, source_path, terms):
+        gb = weight_bytes(c["model"], c["weight_format"]) / 1e9
+        per_gb.append(((ms - tau * layers(c["model"])) / gb, gb))
+    if not per_gb:
         return None
-    return Term(SM, max(0.0, statistics.median(values)), "ms",
-                f"median of {len(values)} {source_path} cells, beyond the fixed cost per layer")
+    return Term(SM, max(0.0, weighted_median(per_gb)), "ms",
+                f"median of {len(per_gb)} {source_path} cells weighted by their GB, beyond the "
+                "fixed cost per layer")
+
+
+def weighted_median(pairs: list[tuple[float, float]]) -> float:
+    """The median of the values of (value, weight) pairs, each counted by its weight: a small
+    model's few GB, whose step is mostly fixed costs, say little of a per-GB time (the lower
+    of two middle values where the weights split exactly in half)."""
+    ordered, half, seen = sorted(pairs), sum(w for _, w in pairs) / 2, 0.0
+    for value, weight in ordered:
+        seen += weight
+        if seen >= half:
+            return value
+    return ordered[-1][0]
 
 
 def host_terms(cal: Calibration, path: str, gpu: str) -> tuple[dict[str, Term], str | None]:
