@@ -27,9 +27,9 @@ HEADLINE_PATHS = ("hf-eager", "hf-static+graphs", "hf-static+compile+graphs", "l
 HEADLINE_SOURCES = {
     "h200": ("h200-engine-runs/h200_engine_runs.db", "h200-engine-quant/h200_engine_quant.db",
              "h200-engine-energy/h200_engine_energy.db", "h200-study/h200.db"),
-    # the study's database of this GPU (bench/study.sh: h100-study/h100.db) first, once committed
-    "h100-sxm5": ("h100-fp8-dots/h100_engine_fp8dots.db", "h100-rows/h100_engine_verify.db",
-                  "h100-verify/h100_engine_verify.db"),
+    # the study's database of this GPU (bench/study.sh) first
+    "h100-sxm5": ("h100-study/h100.db", "h100-fp8-dots/h100_engine_fp8dots.db",
+                  "h100-rows/h100_engine_verify.db", "h100-verify/h100_engine_verify.db"),
 }
 GPU_NAMES = {"h200": "H200", "h100-sxm5": "H100 SXM"}
 

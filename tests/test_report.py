@@ -338,6 +338,13 @@ def test_the_studys_cells_and_ab_beside_this_databases(tmp_path):
     ab = store.start_ab(plan, {"device": "NVIDIA H100 80GB HBM3"}, "env")
     store.finish_ab(ab, {**plan, "speedup": 4.5, "ci_low": 4.25, "ci_high": 4.75, "sessions": 10,
                          "sentence": "x"})
+    # where the step goes, by an explain of the same cell: 1284 kernels, 46 ms of 53.8 idle
+    explained = {"model": "qwen2.5-7b", "ctx": 2048, "path": "hf-eager", "gpu": "h100-sxm5",
+                 "kernels_per_step": 1284.0,
+                 "decomposition": {"median_ms": 53.76, "busy_union_ms": 7.78, "kernel_ms": 7.78,
+                                   "floor_ms": 4.26, "lost_in_kernels_ms": 1.74,
+                                   "other_kernels_ms": 1.78, "launch_and_idle_ms": 45.98}}
+    store.add_explanation(explained, {"device": "NVIDIA H100 80GB HBM3"}, "env")
     store.close()
     build_report(tmp_path / "r.db", tmp_path / "out")
     md = (tmp_path / "out" / "report.md").read_text()
@@ -346,7 +353,8 @@ def test_the_studys_cells_and_ab_beside_this_databases(tmp_path):
     cells = [c.strip() for c in row.strip("|").split("|")]
     fraction = (f.floor_ms_all_params / 17 + f.floor_ms_all_params / 18) / 2  # median of two
     assert cells[4:] == [f"{published:.4g}", "27.0%", "17.50 (median of 2 runs, 17.00-18.00)",
-                         f"{fraction:.1%}"]
+                         f"{fraction:.1%}", "explain 1: the GPU busy 7.78 ms of 53.76; 45.98 ms "
+                         f"launching and idle over 1284 kernels, {45.98e3 / 1284:.1f} us each"]
     assert md.count("| l4 | qwen2.5-7b | 2048 |") == 4 and md.count("| not measured |") == 5
     assert ("| h100-sxm5 | 2048 | eager vs CUDA graphs (hf-static vs hf-static+graphs) | "
             "1.259x (1.253-1.267, N=10) | 4.500x (4.250-4.750, N=10; qwen2.5-7b) |") in md

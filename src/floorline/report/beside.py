@@ -22,9 +22,26 @@ def every_param_fraction(row: CellRow) -> float | None:
     return row.floor_ms_all_params / row.median_ms
 
 
-def cells(rows: list[CellRow]) -> list[list]:
+def where_the_step_goes(explanations: list[dict], key: tuple) -> str | None:
+    """The newest explain of the cell `key` (GPU, model, ctx, path) in a few words: how long
+    the GPU was busy in the step, and the time launching and idle per kernel, which is the
+    host's where a path launches each kernel from Python; None without one."""
+    mine = [e for e in explanations if (e["gpu"], e["model"], e["ctx"], e["path"]) == key
+            and e.get("kernels_per_step") and "busy_union_ms" in e.get("decomposition", {})]
+    if not mine:
+        return None
+    e = max(mine, key=lambda e: e["id"])
+    d = e["decomposition"]
+    return (f"explain {e['id']}: the GPU busy {d['busy_union_ms']:.2f} ms of "
+            f"{d['median_ms']:.2f}; {d['launch_and_idle_ms']:.2f} ms launching and idle over "
+            f"{e['kernels_per_step']:.0f} kernels, "
+            f"{d['launch_and_idle_ms'] * 1e3 / e['kernels_per_step']:.1f} us each")
+
+
+def cells(rows: list[CellRow], explanations: list[dict]) -> list[list]:
     """Per published cell: GPU, model, ctx, path, the study's ms and fraction (where it
-    published one), this database's ms (median over runs) and fraction, or not measured."""
+    published one), this database's ms (median over runs) and fraction, or not measured, and
+    where this database's step goes by its explain, where it has one."""
     fractions = {(r["gpu"], r["model"], r["ctx"], r["path"]): r["value"]
                  for r in study()["fraction_of_floor"]}
     out = []
@@ -36,7 +53,8 @@ def cells(rows: list[CellRow]) -> list[list]:
                                   every_param_fraction, step.klass)
         out.append([*key, ref["published_ms"], fractions.get(key),
                     step.text(".2f") if step else NOT_MEASURED,
-                    fraction.value if fraction else None])
+                    fraction.value if fraction else None,
+                    where_the_step_goes(explanations, key) if step else None])
     return out
 
 

@@ -60,7 +60,14 @@ BESIDE_NOTES = {
         "else from its fraction of the floor), beside the same model, context, path and GPU here: "
         "the median over the runs of one provenance class, with its range and the number of "
         "runs. Both fractions of the floor count every parameter's bytes, as the study does; a "
-        "cell this database lacks says not measured."),
+        "cell this database lacks says not measured. Where this database holds an explain of "
+        "the cell, the last column says how long the GPU was busy in the step and how long the "
+        "step spent launching and idle per kernel: where a path launches every kernel from "
+        "Python, that is its host's time, which differs from machine to machine."),
+    "Forecast of the study's published cells": (
+        "A path that launches every kernel from Python is forecast with the host its cells ran "
+        "on in this database, so its error against the study's figure measures the two "
+        "machines' hosts as much as the forecast."),
     "The study's A/B beside this database's": (
         "The study's A/B experiments beside the newest A/B here of the same arms, GPU and "
         "context: the mean ratio over fresh sessions with its 95% BCa interval."),
@@ -255,7 +262,8 @@ def build_report(db: Path, out: Path) -> dict:
                   "GB/s", "reason"], cell_rows),
                 ("The study's published cells beside this database's",
                  ["gpu", "model", "ctx", "path", "study ms", "study of floor", "ms here",
-                  "of floor here"], beside.cells(sources["runs"])),
+                  "of floor here", "where the step goes here"],
+                 beside.cells(sources["runs"], sources["explanations"])),
                 ("The study's A/B beside this database's",
                  ["gpu", "ctx", "arms", "study", "here"], beside.ab(sources["ab"]))]
     if loo:
