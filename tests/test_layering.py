@@ -8,7 +8,8 @@ SRC = Path(__file__).parents[1] / "src"
 PACKAGE = SRC / "floorline"
 
 # Bottom first. A module or package may import only those listed before it.
-LAYERS = ["__init__", "errors", "stats", "localcache", "hardware", "timing", "graphs", "records",
+LAYERS = ["__init__", "errors", "stats", "localcache", "hardware", "interruptions", "timing",
+          "graphs", "records",
           "study",
           "models", "traffic", "layouts", "engine", "paths", "store", "forecast", "measure",
           "report", "serve", "cli", "__main__"]

@@ -197,7 +197,7 @@ def test_a_cell_comes_back_from_its_child_whole():
     # The same cell as one measured in this process, but for what the clock and the host give.
     here = measure_cell(five, "cpu", GPU, seed=3)
     timed = {"samples_ms", "summary", "details"}
-    varying = {"host_load", "host_warning", "clocks_after_timing", "drift"}
+    varying = {"host_load", "host_warning", "clocks_after_timing", "drift", "interruptions"}
     assert {k: v for k, v in cell.as_dict().items() if k not in timed} == \
         {k: v for k, v in here.as_dict().items() if k not in timed}
     assert ({k: v for k, v in cell.details.items() if k not in varying}

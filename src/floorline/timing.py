@@ -8,6 +8,7 @@ import statistics
 import time
 from dataclasses import dataclass, replace
 
+from floorline.interruptions import Interruptions
 from floorline.stats import median_interval
 
 # Auto warm-up: the median of each window of steps against the window before. Two windows agree
@@ -91,6 +92,7 @@ class Timing:
     energy: dict | None = None
     tolerance: float | None = None  # auto warm-up: its last comparison's, from the noise
     window_s: float | None = None  # auto warm-up on the CPU: its windows' length in time
+    interruptions: dict | None = None  # of the measuring thread while timing (interruptions.py)
 
     @property
     def drift(self) -> float | None:
@@ -108,6 +110,8 @@ class Timing:
         if self.median_ci_ms is not None:
             out["median_ci_ms"] = list(self.median_ci_ms)
             out["width_reached"] = self.width_reached
+        if self.interruptions is not None:
+            out["interruptions"] = self.interruptions
         return out
 
 
@@ -239,20 +243,23 @@ def run_plan(step, device: str, plan: StepPlan, meter=None, energy_room: int = 0
         for _ in range(plan.warmup):
             step()
         warmup, steady = plan.warmup, None
-    if plan.steps is not None:
-        timing = Timing(timed_batch(step, device, plan.steps), warmup, steady,
-                        tolerance=tolerance, window_s=window_s)
-    else:
-        samples = timed_batch(step, device, min(FIRST_STEPS, plan.steps_cap))
-        while True:
-            iv = median_interval(samples)
-            reached = iv.high - iv.low <= plan.rel_width * iv.estimate
-            if reached or len(samples) >= plan.steps_cap:
-                break
-            more = min(max(FIRST_STEPS // 2, len(samples) // 4), plan.steps_cap - len(samples))
-            samples += timed_batch(step, device, more)
-        timing = Timing(samples, warmup, steady, (iv.low, iv.high), reached,
-                        tolerance=tolerance, window_s=window_s)
+    with Interruptions() as interrupted:
+        if plan.steps is not None:
+            timing = Timing(timed_batch(step, device, plan.steps), warmup, steady,
+                            tolerance=tolerance, window_s=window_s)
+        else:
+            samples = timed_batch(step, device, min(FIRST_STEPS, plan.steps_cap))
+            while True:
+                iv = median_interval(samples)
+                reached = iv.high - iv.low <= plan.rel_width * iv.estimate
+                if reached or len(samples) >= plan.steps_cap:
+                    break
+                more = min(max(FIRST_STEPS // 2, len(samples) // 4),
+                           plan.steps_cap - len(samples))
+                samples += timed_batch(step, device, more)
+            timing = Timing(samples, warmup, steady, (iv.low, iv.high), reached,
+                            tolerance=tolerance, window_s=window_s)
+    timing.interruptions = interrupted.details()
     if meter:
         room = plan.most_warmup - warmup + plan.most_steps - len(timing.samples_ms) + energy_room
         timing.energy = meter.metered_windows(step, lambda: sync(device),

@@ -14,6 +14,7 @@ both bounds flag.
 
 from __future__ import annotations
 
+from floorline.interruptions import describe
 from floorline.timing import MAX_TOLERANCE, TOLERANCE, WINDOW
 
 # Drift: the median of the last quarter of the timed steps over that of the first
@@ -102,7 +103,10 @@ def unsteady_reason(details: dict, summary: dict | None) -> str | None:
                       f"steps ran (bound {bound})")
     if not failed:
         return None
+    timed_ms = ((summary or {}).get("mean_ms") or 0) * n
+    seen = describe(details.get("interruptions"), timed_ms)
+    during = f" While its steps were timed, {seen}." if seen else ""
     warmup = (f", or with a fixed, longer warm-up (`--warmup N`, N above "
               f"{details.get('warmup_steps')})" if longer_warmup else "")
     wider = ", or with a wider --rel-width" if width else ""
-    return f"{'; '.join(failed)}. {AGAIN}{warmup}{wider}."
+    return f"{'; '.join(failed)}.{during} {AGAIN}{warmup}{wider}."
