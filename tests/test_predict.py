@@ -59,7 +59,7 @@ def test_gpu_governed_terms_recovered_and_carried_to_another_gpu():
     cells = [cell("engine", m, c, synthetic(m, c))
              for m in ("qwen2.5-7b", "llama-3.1-8b") for c in (2048, 16384)]
     cal = Calibration(cells, [], [PROBE])
-    f = fit(cal, "engine", "l4")
+    f = fit(cal, "engine", "l4", "qwen2.5-7b")
     assert f.terms["attention's fraction of peak"].value == pytest.approx(0.5)
     assert f.terms["memory's streaming read"].value == pytest.approx(STREAM)
     assert f.terms["fixed cost per layer"].value == pytest.approx(10.0)
@@ -81,7 +81,8 @@ def test_a_quantised_path_adds_sm_time_per_gb_to_its_familys_fixed_cost():
     cells += [cell("engine-int4", m, 2048, synthetic(m, 2048, "engine-int4", "engine-int4",
                                                      sm_ms_per_gb=0.2), fmt="engine-int4")
               for m in ("qwen2.5-7b", "llama-3.1-8b")]
-    f = fit(Calibration(cells, [], [PROBE]), "engine-int4", "h100-sxm5")
+    f = fit(Calibration(cells, [], [PROBE]), "engine-int4", "h100-sxm5",
+            "llama-3.1-8b")
     assert f.terms["fixed cost per layer"].value == pytest.approx(10.0)
     assert f.terms["SM time per weight GB"].value == pytest.approx(0.2)
     w = weight_bytes("llama-3.1-8b", "engine-int4")
@@ -91,10 +92,32 @@ def test_a_quantised_path_adds_sm_time_per_gb_to_its_familys_fixed_cost():
     assert step(f, "llama-3.1-8b", 4096).gpu_ms == pytest.approx(expected)
 
 
+def test_the_fixed_cost_per_layer_is_the_models_architectures():
+    # Llama's layers take 20 us beyond their bytes, Qwen2's 10 (other kernels a layer). A Llama
+    # model of another size (Llama-3.2-1B) takes Llama's; Qwen3, of neither, the median of all. The
+    # int4 path's SM time per GB comes out exact with each cell's own architecture's cost.
+    tau = {"llama-3.1-8b": 20.0, "qwen2.5-7b": 10.0}
+    cells = [cell("engine", m, c, synthetic(m, c, tau_us=tau[m])) for m in tau
+             for c in (2048, 16384)]
+    cells += [cell("engine-int4", m, 2048, synthetic(m, 2048, "engine-int4", "engine-int4",
+                                                     tau_us=tau[m], sm_ms_per_gb=0.2),
+                   fmt="engine-int4") for m in tau]
+    cal = Calibration(cells, [], [PROBE])
+    assert fit(cal, "engine", "h200", "llama-3.2-1b").terms[
+        "fixed cost per layer"].value == pytest.approx(20.0)
+    assert "of llama models" in fit(cal, "engine", "h200", "llama-3.2-1b").terms[
+        "fixed cost per layer"].source
+    assert fit(cal, "engine", "h200", "qwen3-8b").terms[
+        "fixed cost per layer"].value == pytest.approx(15.0)
+    int4 = fit(cal, "engine-int4", "h100-sxm5", "llama-3.1-8b")
+    assert int4.terms["SM time per weight GB"].value == pytest.approx(0.2)
+    assert max(abs(r["error"]) for r in leave_one_out(cal)) < 1e-9
+
+
 def test_without_a_probe_the_forecast_asks_for_one():
     cells = [cell("engine", "qwen2.5-7b", c, 5.0 + c / 1e5) for c in (2048, 16384)]
     with pytest.raises(FloorlineError, match="streaming read is missing.*floorline probe"):
-        fit(Calibration(cells, [], []), "engine", "h200")
+        fit(Calibration(cells, [], []), "engine", "h200", "qwen2.5-7b")
 
 
 def test_small_kernels_from_explain_are_per_layer_and_per_kernel():
@@ -108,7 +131,7 @@ def test_small_kernels_from_explain_are_per_layer_and_per_kernel():
     small = lambda m: 2 * layers(m) * 2e-3  # noqa: E731
     cells = [cell("engine", m, c, synthetic(m, c) + small(m))
              for m in ("qwen2.5-7b", "llama-3.1-8b") for c in (2048, 16384)]
-    f = fit(Calibration(cells, [expl], [PROBE]), "engine", "h200")
+    f = fit(Calibration(cells, [expl], [PROBE]), "engine", "h200", "llama-3.1-8b")
     assert f.terms["small kernels per layer"].value == pytest.approx(2.0)
     assert f.terms["cost per small kernel"].value == pytest.approx(2.0)
     assert f.terms["fixed cost per layer"].value == pytest.approx(10.0)
@@ -135,7 +158,7 @@ def eager_calibration(probes):
 def test_host_bound_path_is_launches_times_host_cost():
     # 1400 launches a step on Qwen's 28 layers (50 a layer) at 40 us = 56 ms; Llama's 32 layers
     # then launch 1600, 64 ms, far above its GPU side on the same host.
-    f = fit(eager_calibration([PROBE]), "hf-eager", "h200")
+    f = fit(eager_calibration([PROBE]), "hf-eager", "h200", "qwen2.5-7b")
     assert f.kind == "host-bound"
     assert f.terms["launches per layer"].value == pytest.approx(50.0)
     assert f.terms["host cost per launch"].value == pytest.approx(40.0)
@@ -147,7 +170,7 @@ def test_a_host_bound_step_on_an_unmeasured_host_is_not_forecast():
     # The host is the machine's: no cell of hf-eager and no probe with the H100, so no number,
     # only the GPU side's forecast (weights streamed, 10 us a layer, attention, 1.0 ms of small
     # kernels), and the command that measures the host.
-    f = fit(eager_calibration([PROBE]), "hf-eager", "h100-sxm5")
+    f = fit(eager_calibration([PROBE]), "hf-eager", "h100-sxm5", "qwen2.5-7b")
     gpu_side = (weight_bytes("qwen2.5-7b", "bf16") / (STREAM * PEAK["h100-sxm5"]) + 28 * 10e-3
                 + attention_bytes("qwen2.5-7b", 2048, "hf-eager", "bf16")
                 / (0.2 * PEAK["h100-sxm5"]) + 1.0)
@@ -161,7 +184,7 @@ def test_a_host_bound_step_on_an_unmeasured_host_is_not_forecast():
     # With a probe of that host, whose bare launch costs half the H200 host's, the host cost
     # per launch is the cells' scaled by the same half: 20 us, 28 ms a step.
     probed = eager_calibration([PROBE, {**PROBE, "gpu": "h100-sxm5", "eager_us": 3.5}])
-    f = fit(probed, "hf-eager", "h100-sxm5")
+    f = fit(probed, "hf-eager", "h100-sxm5", "qwen2.5-7b")
     assert f.terms["host cost per launch"].value == pytest.approx(20.0)
     assert step(f, "qwen2.5-7b", 2048).host_ms == pytest.approx(28.0)
 
@@ -208,7 +231,7 @@ def test_cpu_cells_never_forecast_a_gpu():
     assert cal.cells == [] and cal.cpu_paths == {"hf-eager"}
     with pytest.raises(FloorlineError,
                        match="hf-eager was measured only on the CPU.*missing: a cell"):
-        fit(cal, "hf-eager", "h200")
+        fit(cal, "hf-eager", "h200", "qwen2.5-7b")
 
 
 def test_predict_cli_runs_without_a_database_and_prints_its_terms(tmp_path):

@@ -21,7 +21,8 @@ def leave_one_out(cal: Calibration) -> list[dict]:
     out = []
     for c in cal.cells:
         try:
-            ms = step(fit(cal.without(c), c["path"], c["gpu"]), c["model"], c["ctx"]).ms
+            ms = step(fit(cal.without(c), c["path"], c["gpu"], c["model"]), c["model"],
+                      c["ctx"]).ms
         except FloorlineError:
             continue
         out.append({"model": c["model"], "gpu": c["gpu"], "ctx": c["ctx"], "path": c["path"],
@@ -104,7 +105,7 @@ class Forecast:
 def forecast(cal: Calibration, model: str, gpu: str, ctx: int, path: str,
              loo: list[dict] | None = None) -> Forecast:
     check_runnable(model, gpu, ctx, path)
-    f = fit(cal, path, gpu)
+    f = fit(cal, path, gpu, model)
     s = step(f, model, ctx)
     loo = leave_one_out(cal) if loo is None else loo
     errors = [r["error"] for r in loo if r["kind"] == kind(path)]

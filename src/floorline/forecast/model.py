@@ -28,6 +28,7 @@ from floorline.errors import FloorlineError
 from floorline.forecast.calibration import Calibration
 from floorline.forecast.terms import (
     GPU_GOVERNED,
+    architecture,
     attention_bytes,
     family,
     formats,
@@ -202,18 +203,24 @@ def _beyond_streaming(cal: Calibration, path: str, terms: dict[str, Term]) -> li
     return out
 
 
-def fixed_cost(cal: Calibration, path: str) -> Term | None:
-    """Per layer, what the reference path's step takes beyond streaming its weights, attention
-    and small kernels (median over its cells, none below zero)."""
+def fixed_cost(cal: Calibration, path: str, model: str) -> Term | None:
+    """Per layer of `model`, what the reference path's step takes beyond streaming its weights,
+    attention and small kernels: the median over its cells of models of the same architecture,
+    whose layers launch the same kernels (Qwen3's norms its q and k, Gemma 3's has four norms),
+    where it has any, else over all its cells; none below zero."""
     ref = reference(cal, path)
     if ref is None:
         return None
     ref_terms = {ATTENTION: attention_fraction(cal, family(ref))}
     ref_terms.update({t.name: t for t in small_kernels(cal, ref) or ()})
-    values = [ms / layers(c["model"]) for c, ms in _beyond_streaming(cal, ref, ref_terms)]
-    return Term(FIXED, max(0.0, statistics.median(values)) * 1e3, "us",
-                f"median of {len(values)} {ref} cells, after streaming their weights, "
-                f"attention and small kernels")
+    values = [(architecture(c["model"]), ms / layers(c["model"]))
+              for c, ms in _beyond_streaming(cal, ref, ref_terms)]
+    arch = architecture(model)
+    same = [v for a, v in values if a == arch]
+    chosen, of = (same, f"{arch} ") if same else ([v for _, v in values], "")
+    return Term(FIXED, max(0.0, statistics.median(chosen)) * 1e3, "us",
+                f"median of {len(chosen)} {ref} cells of {of}models, after streaming their "
+                f"weights, attention and small kernels")
 
 
 def sm_time(cal: Calibration, path: str, terms: dict[str, Term]) -> Term | None:
@@ -224,9 +231,10 @@ def sm_time(cal: Calibration, path: str, terms: dict[str, Term]) -> Term | None:
     source_path = path if kind(path) == GPU_GOVERNED else replace(path_spec, graphs=True).name
     if source_path == reference(cal, path):
         return None
-    tau = terms[FIXED].value / 1e3 if FIXED in terms else 0.0
     per_gb = []  # (ms per GB, GB) of each cell
     for c, ms in _beyond_streaming(cal, source_path, terms):
+        fixed = fixed_cost(cal, path, c["model"]) if FIXED in terms else None
+        tau = fixed.value / 1e3 if fixed else 0.0
         gb = weight_bytes(c["model"], c["weight_format"]) / 1e9
         per_gb.append(((ms - tau * layers(c["model"])) / gb, gb))
     if not per_gb:
@@ -294,8 +302,9 @@ def host_terms(cal: Calibration, path: str, gpu: str) -> tuple[dict[str, Term], 
     return terms, None
 
 
-def fit(cal: Calibration, path: str, gpu: str) -> Fit:
-    """The terms of `path`'s step on `gpu`."""
+def fit(cal: Calibration, path: str, gpu: str, model: str) -> Fit:
+    """The terms of `path`'s step on `gpu` for `model` (its fixed cost per layer is its
+    architecture's, where measured)."""
     mine = [c for c in cal.cells if c["path"] == path]
     if not mine:
         if path in cal.cpu_paths:
@@ -311,7 +320,7 @@ def fit(cal: Calibration, path: str, gpu: str) -> Fit:
     else:
         notes.append("no explain of this family: small kernels are folded into the fixed cost "
                      "per layer")
-    fixed = fixed_cost(cal, path)
+    fixed = fixed_cost(cal, path, model)
     if fixed is not None:
         terms[FIXED] = fixed
     extra = sm_time(cal, path, terms)

@@ -50,6 +50,12 @@ def parameters(model: str) -> int:
 
 
 @cache
+def architecture(model: str) -> str:
+    """The model's transformers architecture (its config's model_type): what its layer runs."""
+    return resolve_model(model).text.model_type
+
+
+@cache
 def layers(model: str) -> int:
     return resolve_model(model).text.num_hidden_layers
 
