@@ -85,8 +85,8 @@ def describe(interruptions: dict | None, timed_ms: float) -> str | None:
                      f"times ({full} full) for {gc_ms:.0f} ms in all, "
                      f"{gc_ms / timed_ms:.0%} of the timed steps' time, the longest "
                      f"{interruptions['longest_gc_ms']:.0f} ms")
-    preempted = interruptions.get("preempted")
+    preempted, moved = interruptions.get("preempted"), interruptions.get("migrations")
     if preempted:
-        parts.append(f"the scheduler took the measuring thread off its CPU {preempted} times "
-                     f"and moved it between CPUs {interruptions.get('migrations') or 0} times")
+        parts.append(f"the scheduler took the measuring thread off its CPU {preempted} times"
+                     + (f" and moved it between CPUs {moved} times" if moved else ""))
     return "; ".join(parts) or None
