@@ -203,24 +203,35 @@ def _beyond_streaming(cal: Calibration, path: str, terms: dict[str, Term]) -> li
     return out
 
 
-def fixed_cost(cal: Calibration, path: str, model: str) -> Term | None:
-    """Per layer of `model`, what the reference path's step takes beyond streaming its weights,
-    attention and small kernels: the median over its cells of models of the same architecture,
-    whose layers launch the same kernels (Qwen3's norms its q and k, Gemma 3's has four norms),
-    where it has any, else over all its cells; none below zero."""
+def _fixed_per_layer(cal: Calibration, path: str) -> tuple[str, list[tuple[str, float]]] | None:
+    """The reference path of `path`'s family, and per cell of it (its model's architecture, ms
+    a layer) what its step takes beyond streaming its weights, attention and small kernels;
+    None without a reference."""
     ref = reference(cal, path)
     if ref is None:
         return None
     ref_terms = {ATTENTION: attention_fraction(cal, family(ref))}
     ref_terms.update({t.name: t for t in small_kernels(cal, ref) or ()})
-    values = [(architecture(c["model"]), ms / layers(c["model"]))
-              for c, ms in _beyond_streaming(cal, ref, ref_terms)]
+    return ref, [(architecture(c["model"]), ms / layers(c["model"]))
+                 for c, ms in _beyond_streaming(cal, ref, ref_terms)]
+
+
+def _fixed_term(ref: str, values: list[tuple[str, float]], model: str) -> Term:
     arch = architecture(model)
     same = [v for a, v in values if a == arch]
     chosen, of = (same, f"{arch} ") if same else ([v for _, v in values], "")
     return Term(FIXED, max(0.0, statistics.median(chosen)) * 1e3, "us",
                 f"median of {len(chosen)} {ref} cells of {of}models, after streaming their "
                 f"weights, attention and small kernels")
+
+
+def fixed_cost(cal: Calibration, path: str, model: str) -> Term | None:
+    """Per layer of `model`, what the reference path's step takes beyond streaming its weights,
+    attention and small kernels: the median over its cells of models of the same architecture,
+    whose layers launch the same kernels (Qwen3's norms its q and k, Gemma 3's has four norms),
+    where it has any, else over all its cells; none below zero."""
+    per_layer = _fixed_per_layer(cal, path)
+    return None if per_layer is None else _fixed_term(*per_layer, model)
 
 
 def sm_time(cal: Calibration, path: str, terms: dict[str, Term]) -> Term | None:
@@ -231,10 +242,10 @@ def sm_time(cal: Calibration, path: str, terms: dict[str, Term]) -> Term | None:
     source_path = path if kind(path) == GPU_GOVERNED else replace(path_spec, graphs=True).name
     if source_path == reference(cal, path):
         return None
+    per_layer = _fixed_per_layer(cal, path) if FIXED in terms else None
     per_gb = []  # (ms per GB, GB) of each cell
     for c, ms in _beyond_streaming(cal, source_path, terms):
-        fixed = fixed_cost(cal, path, c["model"]) if FIXED in terms else None
-        tau = fixed.value / 1e3 if fixed else 0.0
+        tau = _fixed_term(*per_layer, c["model"]).value / 1e3 if per_layer else 0.0
         gb = weight_bytes(c["model"], c["weight_format"]) / 1e9
         per_gb.append(((ms - tau * layers(c["model"])) / gb, gb))
     if not per_gb:
