@@ -9,7 +9,7 @@ from scipy.stats import bootstrap
 
 from conftest import run_here
 from floorline.measure import runner
-from floorline.measure.ab import Plan, SessionResult, run_ab, summarise_sessions
+from floorline.measure.ab import Plan, SessionResult, run_sessions, summarise_sessions
 from floorline.measure.session import block_order
 from floorline.stats import mean_interval
 
@@ -101,10 +101,15 @@ def test_ab_end_to_end_paired_with_three_fresh_sessions(tmp_path):
         "per_session"] == resumed["per_session"]
 
 
+def every_session(plan, on_session=lambda s: None):
+    """The plan's sessions run here, as the command runs them, and their summary."""
+    return summarise_sessions(plan, run_sessions(plan, list(range(plan.sessions)), on_session))
+
+
 def test_ab_unpaired_runs_each_arm_in_its_own_session():
     with runner.warm_worker("cpu"):  # as the command runs it on the CPU: a fork per arm
-        out = run_ab(Plan("hf-eager", "hf-static", "tiny-qwen2", 16, "cpu", "l4", sessions=2,
-                          steps=4, block=2, warmup=1, seed=3))
+        out = every_session(Plan("hf-eager", "hf-static", "tiny-qwen2", 16, "cpu", "l4",
+                                 sessions=2, steps=4, block=2, warmup=1, seed=3))
     assert not out.plan.paired and len(out.ok) == 2
     assert all(len(s.samples_a) == len(s.samples_b) == 4 for s in out.ok)
     assert "unpaired" in out.sentence()
@@ -127,9 +132,9 @@ def test_a_crashing_session_is_recorded_and_the_others_kept(tmp_path, monkeypatc
     monkeypatch.setattr(runner, "WORKER", [sys.executable, str(crasher)])
     seen = []
     with runner.warm_worker("cpu"):
-        out = run_ab(Plan("hf-static", "hf-static", "tiny-llama", 16, "cpu", "l4", sessions=3,
-                          steps=4, block=2, warmup=1, seed=0),
-                     on_session=seen.append)
+        out = every_session(Plan("hf-static", "hf-static", "tiny-llama", 16, "cpu", "l4",
+                                 sessions=3, steps=4, block=2, warmup=1, seed=0),
+                            on_session=seen.append)
     assert [s.status for s in out.sessions] == ["ok", "failed", "ok"]
     assert out.sessions[1].reason == "exit code 3: CUDA error: an illegal memory access"
     assert [s.index for s in seen] == [0, 1, 2]

@@ -226,10 +226,6 @@ def run_sessions(plan: Plan, indices: list[int], on_session: OnSession) -> list[
     return sessions
 
 
-def run_ab(plan: Plan, on_session: OnSession = lambda s: None) -> ABSummary:
-    return summarise_sessions(plan, run_sessions(plan, list(range(plan.sessions)), on_session))
-
-
 def stored_session(row: dict) -> SessionResult:
     """A session as the results database holds it (Store.unfinished_ab); its warm-up and energy
     None where a database from before they were stored lacks them."""
