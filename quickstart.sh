@@ -18,9 +18,10 @@ if [[ ! -x $VENV/bin/floorline || ( -n $extras && ! -f $VENV/.floorline-test-ext
   [[ -x $VENV/bin/python ]] || python3 -m venv --system-site-packages "$VENV"
   packages=(-e ".$extras")
   "$VENV/bin/python" -c "import torch" 2>/dev/null || packages+=(torch==2.13.0)
-  # pip compiles every installed file to bytecode on one core (30-45 s of a fresh set-up on a
-  # 2-core Xeon); compileall does the same on every core (20 s there). A file that does not
-  # compile (torch ships one for Python 3.12 alone) is left as it is, as pip leaves it.
+  # pip compiles every installed file to bytecode on one core; compileall does the same on
+  # every core (on a 2-core Xeon the install took 57.6 s this way against 62.2 s, medians of 3
+  # with overlapping ranges: bench/setup_time.sh). A file that does not compile (torch ships
+  # one for Python 3.12 alone) is left as it is, as pip leaves it.
   "$VENV/bin/python" -m pip install -q --no-compile "${packages[@]}"
   "$VENV/bin/python" -m compileall -q -j 0 \
     "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
