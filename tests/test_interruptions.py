@@ -3,7 +3,10 @@ and time, the scheduler's preemptions and moves, in the cell and in an unsteady 
 
 import gc
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -46,7 +49,8 @@ def test_the_timed_steps_record_their_interruptions():
     t = run_plan(lambda: gc.collect(0), "cpu", StepPlan(2, 8))
     d = t.details()["interruptions"]
     assert d["gc_collections"][0] >= 8  # every step collected the youngest generation
-    assert set(d) == {"gc_collections", "gc_ms", "longest_gc_ms", "preempted", "migrations"}
+    assert set(d) == {"gc_collections", "gc_ms", "longest_gc_ms", "preempted", "migrations",
+                      "waiting_ms", "stolen"}
 
 
 def test_an_unsteady_cell_names_what_interrupted_its_steps():
@@ -69,3 +73,48 @@ def test_an_unsteady_cell_names_what_interrupted_its_steps():
     assert "(drift 1.300, bound 0.80-1.25). While its steps were timed, Python's garbage " \
            "collector ran 8 times" in reason
     assert unsteady_reason({**details, "drift": 1.0}, steps) is None  # steady: nothing to say
+
+
+def test_the_wait_for_a_cpu_and_the_hypervisors_steal_are_named_where_notable():
+    seen = {"gc_collections": [0, 0, 0], "gc_ms": 0.0, "longest_gc_ms": 0.0,
+            "preempted": 40, "migrations": 0, "waiting_ms": 320.0, "stolen": 0.08}
+    # 64 steps of 100 ms: the thread waited 5% of the time for a CPU; 8% of the host stolen
+    assert describe(seen, 6400.0) == (
+        "the scheduler took the measuring thread off its CPU 40 times, where it waited 320 ms "
+        "in all for a CPU; the virtual machine's hypervisor gave 8% of this host's CPU time to "
+        "other machines (steal)")
+    short = {**seen, "waiting_ms": 30.0, "stolen": 0.004}  # both under 1%: not named
+    assert describe(short, 6400.0) == ("the scheduler took the measuring thread off its CPU "
+                                       "40 times")
+
+
+def schedstat_counts() -> bool:
+    """Whether this kernel accounts this thread's time on a CPU (a sandbox may read zeros)."""
+    try:
+        return int(Path("/proc/thread-self/schedstat").read_text().split()[0]) > 0
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+@pytest.mark.skipif(not schedstat_counts(), reason="the kernel does not account a thread's "
+                    "wait for a CPU here")
+def test_a_thread_that_shares_its_cpu_waits_for_it():
+    every = os.sched_getaffinity(0)
+    cpu = min(every)
+    # a process spinning on the one CPU this thread may use: the scheduler shares it out
+    rival = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                             preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    try:
+        os.sched_setaffinity(0, {cpu})
+        time.sleep(0.2)  # the rival running
+        with Interruptions() as seen:
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < 0.4:
+                pass
+    finally:
+        os.sched_setaffinity(0, every)
+        rival.kill()
+        rival.wait()
+    d = seen.details()
+    assert d["waiting_ms"] > 40 and d["preempted"] >= 1  # about half the 400 ms
+    assert d["stolen"] is None or 0 <= d["stolen"] <= 1

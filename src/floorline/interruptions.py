@@ -1,13 +1,16 @@
 """What interrupted the measuring thread while a cell's steps were timed: Python's garbage
 collector (collections per generation and the time they took, which falls inside the step that
-triggered it), and the kernel's scheduler (the times it took the thread off its CPU against the
-thread's will, and the moves between CPUs). A step launched kernel by kernel from Python waits
-on its host's thread, so these are the host's share of a noisy step; a cell records them with
-its figures (details["interruptions"]) and an unsteady cell's reason names them.
+triggered it), the kernel's scheduler (the times it took the thread off its CPU against the
+thread's will, the moves between CPUs, and the time the thread was ready to run but waited for a
+CPU), and a virtual machine's hypervisor (the share of the host's CPU time it gave to other
+machines: steal). A step launched kernel by kernel from Python waits on its host's thread, so
+these are the host's share of a noisy step; a cell records them with its figures
+(details["interruptions"]) and an unsteady cell's reason names them.
 
-The scheduler's counts are Linux's, of this thread (/proc/thread-self); elsewhere they are
-None. A full collection walks every object the process holds, about 0.1 s with torch and
-transformers loaded on a 2-core Xeon: long enough to make one step of a 7B model an outlier.
+The scheduler's counts are Linux's, of this thread (/proc/thread-self), and steal is Linux's
+/proc/stat (zero outside a virtual machine); elsewhere they are None. A full collection walks
+every object the process holds, about 0.1 s with torch and transformers loaded on a 2-core Xeon:
+long enough to make one step of a 7B model an outlier.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import time
 from pathlib import Path
 
 THREAD = Path("/proc/thread-self")
-# The garbage collector's share of the timed steps' time worth naming in an unsteady reason.
+HOST = Path("/proc/stat")
+# The share of the timed steps' time (the collector's, the wait for a CPU; of the host's CPU
+# time for steal) worth naming in an unsteady reason.
 NOTABLE = 0.01
 
 
@@ -39,6 +44,27 @@ def scheduler_counts() -> dict[str, int] | None:
     return counts if len(counts) == 2 else None
 
 
+def waiting_ns() -> int | None:
+    """Nanoseconds this thread has spent ready to run but waiting for a CPU; None where the
+    kernel does not say (schedstat: time on a CPU, time waiting, time slices)."""
+    try:
+        fields = (THREAD / "schedstat").read_text().split()
+        return int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def host_ticks() -> tuple[int, int] | None:
+    """The host's CPU time so far, all CPUs, in the kernel's ticks: (stolen by the hypervisor,
+    in all); None where /proc/stat cannot be read."""
+    try:
+        line = HOST.read_text().splitlines()[0].split()
+        ticks = [int(v) for v in line[1:9]]  # user .. steal; guest time is inside user
+        return ticks[7], sum(ticks)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class Interruptions:
     """A context: what interrupted this thread between entering and leaving it (details())."""
 
@@ -47,6 +73,7 @@ class Interruptions:
         self._gc_start: float | None = None
         gc.callbacks.append(self._on_gc)
         self._start = scheduler_counts()
+        self._waiting, self._host = waiting_ns(), host_ticks()
         return self
 
     def _on_gc(self, phase: str, info: dict) -> None:
@@ -61,15 +88,22 @@ class Interruptions:
 
     def __exit__(self, *exc) -> None:
         gc.callbacks.remove(self._on_gc)
-        end = scheduler_counts()
+        end, waiting, host = scheduler_counts(), waiting_ns(), host_ticks()
         self.scheduler = (None if self._start is None or end is None
                           else {k: end[k] - self._start[k] for k in end})
+        self.waiting_ms = (None if None in (waiting, self._waiting)
+                           else (waiting - self._waiting) / 1e6)
+        # (over less than a tick on every CPU, no share can be read)
+        self.stolen = (None if None in (host, self._host) or host[1] <= self._host[1]
+                       else (host[0] - self._host[0]) / (host[1] - self._host[1]))
 
     def details(self) -> dict:
         return {"gc_collections": self.collections, "gc_ms": round(self.gc_ms, 3),
                 "longest_gc_ms": round(self.longest_gc_ms, 3),
                 "preempted": (self.scheduler or {}).get("preempted"),
-                "migrations": (self.scheduler or {}).get("migrations")}
+                "migrations": (self.scheduler or {}).get("migrations"),
+                "waiting_ms": None if self.waiting_ms is None else round(self.waiting_ms, 3),
+                "stolen": None if self.stolen is None else round(self.stolen, 4)}
 
 
 def describe(interruptions: dict | None, timed_ms: float) -> str | None:
@@ -86,7 +120,14 @@ def describe(interruptions: dict | None, timed_ms: float) -> str | None:
                      f"{gc_ms / timed_ms:.0%} of the timed steps' time, the longest "
                      f"{interruptions['longest_gc_ms']:.0f} ms")
     preempted, moved = interruptions.get("preempted"), interruptions.get("migrations")
+    waiting = interruptions.get("waiting_ms")
     if preempted:
+        waited = (f", where it waited {waiting:.0f} ms in all for a CPU"
+                  if waiting and timed_ms and waiting / timed_ms >= NOTABLE else "")
         parts.append(f"the scheduler took the measuring thread off its CPU {preempted} times"
-                     + (f" and moved it between CPUs {moved} times" if moved else ""))
+                     + (f" and moved it between CPUs {moved} times" if moved else "") + waited)
+    stolen = interruptions.get("stolen")
+    if stolen and stolen >= NOTABLE:
+        parts.append(f"the virtual machine's hypervisor gave {stolen:.0%} of this host's CPU "
+                     f"time to other machines (steal)")
     return "; ".join(parts) or None
