@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from floorline import cli
+from floorline import cli, interruptions
 from floorline.cli import render
 from floorline.forecast.calibration import from_rows
 from floorline.hardware import lookup
@@ -199,7 +199,7 @@ def test_a_planted_high_load_is_a_warning(monkeypatch):
 
 def test_stolen_cpu_time_and_other_gpu_processes_are_warnings(monkeypatch, tmp_path):
     stat = tmp_path / "stat"
-    monkeypatch.setattr(host, "PROC_STAT", str(stat))
+    monkeypatch.setattr(interruptions, "PROC_STAT", str(stat))
     stat.write_text("cpu  100 0 100 700 0 0 0 100 0 0\ncpu0 1 1 1 1\n")
     start = host.host_load("cpu")
     assert start["cpu_ticks"] == {"total": 1000, "idle": 700, "steal": 100}

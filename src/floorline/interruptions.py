@@ -20,7 +20,10 @@ import time
 from pathlib import Path
 
 THREAD = Path("/proc/thread-self")
-HOST = Path("/proc/stat")
+PROC_STAT = "/proc/stat"
+# Fewer ticks between two reads than this (half a second of one CPU at Linux's 100 a second)
+# say nothing of a share: a tick is counted whole.
+MIN_TICKS = 50
 # The share of the timed steps' time (the collector's, the wait for a CPU; of the host's CPU
 # time for steal) worth naming in an unsteady reason.
 NOTABLE = 0.01
@@ -54,15 +57,19 @@ def waiting_ns() -> int | None:
         return None
 
 
-def host_ticks() -> tuple[int, int] | None:
-    """The host's CPU time so far, all CPUs, in the kernel's ticks: (stolen by the hypervisor,
-    in all); None where /proc/stat cannot be read."""
+def cpu_ticks() -> dict | None:
+    """/proc/stat's aggregate CPU line as total, idle (idle + iowait) and steal ticks; None
+    where there is no such file (not Linux) or it cannot be read."""
     try:
-        line = HOST.read_text().splitlines()[0].split()
-        ticks = [int(v) for v in line[1:9]]  # user .. steal; guest time is inside user
-        return ticks[7], sum(ticks)
-    except (OSError, IndexError, ValueError):
+        with open(PROC_STAT) as f:
+            fields = f.readline().split()
+        if not fields or fields[0] != "cpu":
+            return None
+        # user nice system idle iowait irq softirq steal [guest guest_nice: within user, nice]
+        v = [int(x) for x in fields[1:9]] + [0] * max(0, 9 - len(fields))
+    except (OSError, ValueError):
         return None
+    return {"total": sum(v), "idle": v[3] + v[4], "steal": v[7]}
 
 
 class Interruptions:
@@ -73,7 +80,7 @@ class Interruptions:
         self._gc_start: float | None = None
         gc.callbacks.append(self._on_gc)
         self._start = scheduler_counts()
-        self._waiting, self._host = waiting_ns(), host_ticks()
+        self._waiting, self._ticks = waiting_ns(), cpu_ticks()
         return self
 
     def _on_gc(self, phase: str, info: dict) -> None:
@@ -88,14 +95,14 @@ class Interruptions:
 
     def __exit__(self, *exc) -> None:
         gc.callbacks.remove(self._on_gc)
-        end, waiting, host = scheduler_counts(), waiting_ns(), host_ticks()
+        end, waiting, ticks = scheduler_counts(), waiting_ns(), cpu_ticks()
         self.scheduler = (None if self._start is None or end is None
                           else {k: end[k] - self._start[k] for k in end})
         self.waiting_ms = (None if None in (waiting, self._waiting)
                            else (waiting - self._waiting) / 1e6)
-        # (over less than a tick on every CPU, no share can be read)
-        self.stolen = (None if None in (host, self._host) or host[1] <= self._host[1]
-                       else (host[0] - self._host[0]) / (host[1] - self._host[1]))
+        total = None if None in (ticks, self._ticks) else ticks["total"] - self._ticks["total"]
+        self.stolen = (None if total is None or total < MIN_TICKS
+                       else (ticks["steal"] - self._ticks["steal"]) / total)
 
     def details(self) -> dict:
         return {"gc_collections": self.collections, "gc_ms": round(self.gc_ms, 3),

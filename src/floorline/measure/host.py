@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 
+from floorline.interruptions import MIN_TICKS, cpu_ticks
+
 # The host is busy, and a cell's details["host_warning"] says so, where any of these holds:
 # the 1-minute load average, at the start or the end, above LOAD_PER_CPU x the number of CPUs
 # (more runnable threads than CPUs: something waits, the cell's host thread perhaps);
@@ -22,9 +24,6 @@ LOAD_PER_CPU = 1.0
 # over MAX_STEAL of the CPU time between the two reads stolen by the hypervisor (a shared VM);
 MAX_STEAL = 0.05
 # any other process on the cell's GPU (it shares the memory bandwidth the floor counts on).
-
-PROC_STAT = "/proc/stat"
-
 
 def cpu_use() -> dict | None:
     """The host's CPU ticks (cpu_ticks) and this process's own CPU seconds, all its threads',
@@ -34,11 +33,6 @@ def cpu_use() -> dict | None:
         return None
     own = os.times()
     return {**ticks, "own_s": own.user + own.system}
-
-
-# Fewer ticks between two reads than this (half a second of one CPU at Linux's 100 a second)
-# say nothing of a share: a tick is counted whole.
-MIN_TICKS = 50
 
 
 def others_share(start: dict | None, end: dict | None) -> float | None:
@@ -60,21 +54,6 @@ def spare_share(threads: int) -> float:
     what others may take without taking its cores."""
     cpus = os.cpu_count() or 1
     return round(max(0, cpus - threads) / cpus, 4)
-
-
-def cpu_ticks() -> dict | None:
-    """/proc/stat's aggregate CPU line as total, idle (idle + iowait) and steal ticks; None
-    where there is no such file (not Linux) or it cannot be read."""
-    try:
-        with open(PROC_STAT) as f:
-            fields = f.readline().split()
-        if not fields or fields[0] != "cpu":
-            return None
-        # user nice system idle iowait irq softirq steal [guest guest_nice: within user, nice]
-        v = [int(x) for x in fields[1:9]] + [0] * max(0, 9 - len(fields))
-    except (OSError, ValueError):
-        return None
-    return {"total": sum(v), "idle": v[3] + v[4], "steal": v[7]}
 
 
 def _nvml_processes(index: int):
