@@ -94,6 +94,30 @@ def test_a_step_still_speeding_up_is_told_to_warm_up_longer():
     assert "drift 1.810" in slower and "--warmup" not in slower  # warming up longer won't help
 
 
+def test_a_drift_its_quarters_noise_explains_is_no_trend():
+    # The H100 host's static-cache step: 64 steps spread over 53% of the median, quarters 30%
+    # apart by noise alone. A drift within the noise is not flagged; beyond it, it is.
+    noisy = {**STEADY, "drift": 1.30, "drift_noise": 0.31}
+    assert unsteady_reason(noisy, summary(26.0, 23.6, 34.0)) is None
+    reason = unsteady_reason({**noisy, "drift_noise": 0.10}, summary(26.0, 23.6, 34.0))
+    assert ("(drift 1.300, bound 0.80-1.25; its quarters' own noise allows 0.10 either way)"
+            in reason)
+    assert "drift 1.300, bound 0.80-1.25)" in unsteady_reason(
+        {**STEADY, "drift": 1.30}, summary(26.0, 23.6, 34.0))  # stored before the noise was
+
+
+def test_a_wide_spread_is_valid_where_the_timing_settled_its_median():
+    wide = summary(26.0, 23.6, 45.0)  # 82% of the median
+    auto = {**STEADY, "timed_steps": 1400, "median_ci_ms": [25.6, 26.4], "width_reached": True,
+            "steps_rule": {"rel_width": 0.04, "confidence": 0.95, "cap": 2048}}
+    assert unsteady_reason(auto, {**wide, "n": 1400}) is None
+    cut = {**auto, "timed_steps": 2048, "median_ci_ms": [24.0, 28.0], "width_reached": False}
+    reason = unsteady_reason(cut, {**wide, "n": 2048})
+    assert "stopped at its cap of 2048" in reason and "spans 82% of its median" in reason
+    fixed = unsteady_reason(STEADY, wide)
+    assert "spans 82%" in fixed and "or time it until its median settles (`--steps auto`" in fixed
+
+
 # --- a cell measured on a noisy host ----------------------------------------------------------
 
 def noisy_samples():

@@ -11,8 +11,8 @@ from scipy.stats import binom
 from conftest import run_here
 from floorline import timing
 from floorline.measure.steadiness import unsteady_reason
-from floorline.stats import median_interval
-from floorline.timing import StepPlan, drift, run_plan
+from floorline.stats import block_median_interval, median_interval
+from floorline.timing import StepPlan, drift, drift_noise, run_plan
 
 
 class FakeClock:
@@ -193,7 +193,7 @@ def test_steps_auto_stops_at_the_width_asked(clock, rel_width):
     while sizes[-1] < n:
         sizes.append(sizes[-1] + max(timing.FIRST_STEPS // 2, sizes[-1] // 4))
     assert sizes[-1] == n
-    iv = median_interval(t.samples_ms[:sizes[-2]])
+    iv = block_median_interval(t.samples_ms[:sizes[-2]])
     assert iv.high - iv.low > rel_width * iv.estimate
     # Normal noise of sd 2%: the median's interval is 2 x 1.96 x 1.2533 x 0.02 / sqrt(n) wide.
     expected_n = (2 * 1.96 * 1.2533 * 0.02 / rel_width) ** 2
@@ -251,6 +251,37 @@ def test_steps_auto_on_identical_steps_stops_at_the_first_batch(clock):
 def test_drift_is_last_quarter_over_first():
     assert drift([1.0] * 4 + [5.0] * 8 + [1.1] * 4) == pytest.approx(1.1)
     assert drift([1.0, 2.0, 3.0]) is None
+
+
+def test_drift_noise_is_twice_the_error_of_the_quarters_medians_ratio():
+    quarter = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    # quartiles 2.25 and 6.75 (the exclusive method), median 4.5: each quarter's median has a
+    # relative standard error of 1.2533 x (4.5 / 1.349) / sqrt(8) / 4.5
+    error = 1.2533 / 1.349 / math.sqrt(8)
+    steps = quarter + [100.0] * 16 + quarter
+    assert drift_noise(steps) == pytest.approx(2 * math.sqrt(2) * error)
+    assert drift_noise([1.0] * 15) is None  # quarters of 3 steps have no quartiles worth reading
+    assert drift_noise([2.0] * 16) == 0
+
+
+def test_the_median_interval_widens_with_a_hosts_slow_swings():
+    # A host slow for 8 steps at a time, then fast: neighbours are not independent. Over 100
+    # such series the block bootstrap's 95% interval holds the true median (1) most times;
+    # resampling single steps, as if independent, about half the time.
+    held_block = held_single = 0
+    for k in range(100):
+        rng = np.random.default_rng(k)
+        steps = np.repeat(rng.normal(1, 0.1, 32), 8) + rng.normal(0, 0.02, 256)
+        block, single = block_median_interval(steps, seed=k), median_interval(steps, seed=k)
+        assert block.estimate == single.estimate == np.median(steps)
+        held_block += block.low <= 1 <= block.high
+        held_single += single.low <= 1 <= single.high
+    assert held_block >= 75 and held_single <= 65
+    # Independent steps: the two intervals about as wide.
+    steps = np.random.default_rng(5).normal(1, 0.02, 512)
+    block, single = block_median_interval(steps), median_interval(steps)
+    assert 0.7 < (block.high - block.low) / (single.high - single.low) < 1.4
+    assert block_median_interval([3.0] * 10) == median_interval([3.0] * 10)
 
 
 def test_plan_caps_shrink_to_the_positions_left():

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, replace
 
 from floorline.interruptions import Interruptions
-from floorline.stats import median_interval
+from floorline.stats import block_median_interval
 
 # Auto warm-up: the median of each window of steps against the window before. Two windows agree
 # where their medians differ by no more than their own noise: twice the standard error of the
@@ -100,7 +100,7 @@ class Timing:
 
     def details(self) -> dict:
         out = {"warmup_steps": self.warmup_steps, "timed_steps": len(self.samples_ms),
-               "drift": self.drift}
+               "drift": self.drift, "drift_noise": drift_noise(self.samples_ms)}
         if self.steady is not None:
             out["steady"] = self.steady
         if self.tolerance is not None:
@@ -141,6 +141,16 @@ def drift(samples_ms) -> float | None:
     if q == 0:
         return None
     return statistics.median(samples_ms[-q:]) / statistics.median(samples_ms[:q])
+
+
+def drift_noise(samples_ms) -> float | None:
+    """How far from 1 the drift may stray by the steps' own noise alone: twice the standard
+    error of the two quarters' medians' ratio (median_error of each); None under 16 steps."""
+    q = len(samples_ms) // 4
+    if q < 4:
+        return None
+    first, last = samples_ms[:q], samples_ms[-q:]
+    return 2 * (median_error(first) ** 2 + median_error(last) ** 2) ** 0.5
 
 
 def timed_batch(step, device: str, steps: int, meter=None) -> list[float]:
@@ -250,7 +260,7 @@ def run_plan(step, device: str, plan: StepPlan, meter=None, energy_room: int = 0
         else:
             samples = timed_batch(step, device, min(FIRST_STEPS, plan.steps_cap))
             while True:
-                iv = median_interval(samples)
+                iv = block_median_interval(samples)
                 reached = iv.high - iv.low <= plan.rel_width * iv.estimate
                 if reached or len(samples) >= plan.steps_cap:
                     break
