@@ -254,13 +254,17 @@ def test_drift_is_last_quarter_over_first():
 
 
 def test_drift_noise_is_twice_the_error_of_the_quarters_medians_ratio():
-    quarter = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
-    # quartiles 2.25 and 6.75 (the exclusive method), median 4.5: each quarter's median has a
-    # relative standard error of 1.2533 x (4.5 / 1.349) / sqrt(8) / 4.5
-    error = 1.2533 / 1.349 / math.sqrt(8)
-    steps = quarter + [100.0] * 16 + quarter
-    assert drift_noise(steps) == pytest.approx(2 * math.sqrt(2) * error)
-    assert drift_noise([1.0] * 15) is None  # quarters of 3 steps have no quartiles worth reading
+    # Independent steps of sd 2%: each quarter's median has a standard error of
+    # 1.2533 x 0.02 / sqrt(q), so the ratio's noise is 2 x sqrt(2) times that.
+    steps = list(np.random.default_rng(11).normal(1, 0.02, 1024))
+    expected = 2 * math.sqrt(2) * 1.2533 * 0.02 / math.sqrt(256)
+    assert 0.7 * expected < drift_noise(steps) < 1.4 * expected
+    # A host slow for 16 steps at a time, then fast: the quarters' medians stray further, and
+    # the noise says so.
+    swings = np.repeat(np.random.default_rng(12).normal(1, 0.1, 64), 16)
+    swinging = list(swings + np.random.default_rng(13).normal(0, 0.02, 1024))
+    assert drift_noise(swinging) > 3 * expected
+    assert drift_noise([1.0] * 15) is None  # quarters of 3 steps: too few
     assert drift_noise([2.0] * 16) == 0
 
 

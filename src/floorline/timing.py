@@ -145,12 +145,17 @@ def drift(samples_ms) -> float | None:
 
 def drift_noise(samples_ms) -> float | None:
     """How far from 1 the drift may stray by the steps' own noise alone: twice the standard
-    error of the two quarters' medians' ratio (median_error of each); None under 16 steps."""
+    error of the ratio of the two quarters' medians, each error read from its quarter's block
+    bootstrap interval (stats.block_median_interval: a host slow for a while at a time makes
+    it wider); None under 16 steps."""
     q = len(samples_ms) // 4
     if q < 4:
         return None
-    first, last = samples_ms[:q], samples_ms[-q:]
-    return 2 * (median_error(first) ** 2 + median_error(last) ** 2) ** 0.5
+    errors = []
+    for quarter in (samples_ms[:q], samples_ms[-q:]):
+        iv = block_median_interval(quarter)
+        errors.append((iv.high - iv.low) / (2 * 1.96) / iv.estimate)
+    return 2 * (errors[0] ** 2 + errors[1] ** 2) ** 0.5
 
 
 def timed_batch(step, device: str, steps: int, meter=None) -> list[float]:
