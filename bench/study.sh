@@ -49,10 +49,13 @@ MODELS=${MODELS:-qwen2.5-7b,llama-3.1-8b,mistral-7b-v0.3} CTX=${CTX:-2048,4096,8
 HEADLINE_MODEL=qwen2.5-7b
 HEADLINE_PATHS=${HEADLINE_PATHS:-hf-eager,hf-static,hf-static+graphs,engine,engine-int4,engine-fp8,engine-int4-fp8head}
 SMALL_MODELS=${SMALL_MODELS:-qwen3-0.6b,llama-3.2-1b}
-# The stages with steps launched from Python time each cell until its median is settled: its
-# 95% interval (a block bootstrap, which the host's slow swings widen) within 5% of it, at most
-# 2048 steps. On a shared host such a step spreads over 50-100% of its median, which 64 steps
-# cannot pin down; the engine's and graph-replayed steps settle within the first 32.
+# The paths whose steps Python launches kernel by kernel (hf-eager, hf-static) are timed until
+# each cell's median is settled: its 95% interval (a block bootstrap, which the host's slow
+# spells widen) within 5% of it, at most 2048 steps. On a shared host such a step may spread
+# over 50-100% of its median, which 64 steps cannot pin down. The other paths keep 64 steps:
+# the positions a sweep reserves for timing are part of transformers' static cache, whose every
+# step reads all of it, so 2048 more steps' positions made hf-static+graphs 15% slower on the
+# H100 (11.13 against 9.66 ms; notebook/2026-12-07-settled-medians/).
 SETTLED="--steps auto --rel-width 0.05"
 ab() {  # ab A B CTX NAME: an A/B of 10 fresh sessions into $R/${GPU}_ab_NAME.json, carrying on
   # one that was cut off in $DB
@@ -71,16 +74,21 @@ for stage in "$@"; do
       done ;;
     headline)
       first=${FIRST:-1}
+      launched=$(tr , '\n' <<< "$HEADLINE_PATHS" | { grep -Fx -e hf-eager -e hf-static || true; } | paste -sd,)
+      others=$(tr , '\n' <<< "$HEADLINE_PATHS" | { grep -Fxv -e hf-eager -e hf-static || true; } | paste -sd,)
       for i in $(seq "$first" $((first + ${RUNS:-1} - 1))); do
-        fl sweep --db "$DB" --models $HEADLINE_MODEL --ctx 2048 --paths "$HEADLINE_PATHS" \
-          $SETTLED --force --label "headline-$i"
+        [[ -z $launched ]] || fl sweep --db "$DB" --models $HEADLINE_MODEL --ctx 2048 \
+          --paths "$launched" $SETTLED --force --label "headline-$i"
+        [[ -z $others ]] || fl sweep --db "$DB" --models $HEADLINE_MODEL --ctx 2048 \
+          --paths "$others" --force --label "headline-$i"
       done ;;
     ab2048 | ab16384) ab hf-static hf-static+graphs "${stage#ab}" "${stage#ab}" ;;
     ab-engine) ab hf-static+graphs engine 2048 engine_2048 ;;
     small) fl sweep --db "$DB" --models "$SMALL_MODELS" --ctx 128,2048 --paths hf-static+graphs,engine ;;
     eager) fl sweep --db "$DB" --models "$MODELS" --ctx "$CTX" --paths hf-eager $SETTLED ;;
-    static) fl sweep --db "$DB" --models "$MODELS" --ctx "$CTX" --paths hf-static,hf-static+graphs \
-      $SETTLED ;;
+    static)
+      fl sweep --db "$DB" --models "$MODELS" --ctx "$CTX" --paths hf-static $SETTLED
+      fl sweep --db "$DB" --models "$MODELS" --ctx "$CTX" --paths hf-static+graphs ;;
     engine)
       fl sweep --db "$DB" --models "$MODELS" --ctx "$CTX" --paths engine,engine-int4,engine-fp8
       fl sweep --db "$DB" --models "$MODELS" --ctx 16384 --paths engine-kvfp8 ;;

@@ -4,6 +4,7 @@ one run said as such; the documents' quoted blocks are what the committed data g
 import importlib.util
 from pathlib import Path
 
+from floorline.measure.fingerprint import fingerprint_key
 from floorline.records import UNSTEADY, VALID, CellKey, CellResult
 from floorline.report.quotes import joules_per_token, mismatches, quote, render
 from floorline.store import Store
@@ -43,6 +44,25 @@ def test_the_median_over_runs_of_the_newest_class_with_range_and_n(tmp_path):
     old = quote(rows, "m", 2048, "engine", klass="old-kernels")
     assert old.text(".2f", " ms") == "3.50 ms (one run)"
     assert quote(rows, "m", 4096, "engine") is None
+
+
+def test_a_transformers_path_is_one_class_whatever_the_engine_tuned(tmp_path):
+    # Three runs alike but for the engine's tuning table (a sweep of new shapes tuned some in
+    # between): transformers' steps are pooled, the engine's are not.
+    store = Store(tmp_path / "r.db")
+    for ms, tuning in ((51.9, "a"), (51.7, "a"), (64.7, "b")):
+        env = {"device": "h100", "torch": "2.11", "flags": {},
+               "code": {"kernels_sha256": "k", "tuning_sha256": tuning}}
+        for path in ("hf-eager", "engine"):
+            store.add(CellResult(CellKey("m", 2048, path, 64, "auto"), "h100", VALID, None,
+                                 [ms] * 4, {"median_ms": ms, "p10_ms": ms, "p90_ms": ms,
+                                            "mean_ms": ms, "n": 4},
+                                 {"floor_ms": 3.0, "total_bytes": 10**6, "peak_gbps": 1.0,
+                                  "weight_format": "bf16", "kv_dtype": "bf16"}, {}),
+                      env, fingerprint_key(env))
+    rows = store.rows(latest=False)
+    assert quote(rows, "m", 2048, "hf-eager").text(".1f") == "51.9 (median of 3 runs, 51.7-64.7)"
+    assert quote(rows, "m", 2048, "engine").text(".1f") == "64.7 (one run)"
 
 
 def test_rows_from_before_provenance_are_each_run_their_own_class(tmp_path):

@@ -91,13 +91,17 @@ def environment(device: str) -> dict:
     return env
 
 
-def fingerprint_key(env: dict) -> str:
+def fingerprint_key(env: dict, engine: bool = True) -> str:
     """The key of `env`'s provenance class. An environment recorded before provenance was (no
-    "code") keys on its versions alone, as it did then."""
+    "code") keys on its versions alone, as it did then. `engine`: whether the cells keyed run
+    the engine's kernels; where they do not, the kernels' hashes and the tuning table are left
+    out (a transformers step is the same whichever GEMV launches the engine has tuned)."""
     stable = {k: env.get(k) for k in KEY_FIELDS}
     if "code" in env:
-        stable.update(kernels=env["code"]["kernels_sha256"], tuning=env["code"]["tuning_sha256"],
-                      flags=provenance.keyed_flags(env.get("flags", {})))
+        stable.update(flags=provenance.keyed_flags(env.get("flags", {})))
+        if engine:
+            stable.update(kernels=env["code"]["kernels_sha256"],
+                          tuning=env["code"]["tuning_sha256"])
     else:
         stable = {k: v for k, v in stable.items() if k != "triton"}
     return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,7 +1,7 @@
 """How a figure is quoted: the median over every run of a cell that shares one provenance class
-(the same GPU model, software, engine kernels, tuning table and flags), with its range and the
-number of runs, or said to be a single run. Documents quote figures through generated blocks,
-which a check compares with what the data gives."""
+(the same GPU model, software and flags, and for the engine's paths its kernels and tuning
+table), with its range and the number of runs, or said to be a single run. Documents quote
+figures through generated blocks, which a check compares with what the data gives."""
 
 from __future__ import annotations
 
@@ -10,18 +10,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import median
 
+from floorline.errors import FloorlineError
 from floorline.measure.energy import energy_problem
+from floorline.measure.fingerprint import fingerprint_key
 from floorline.measure.steadiness import unsteady_reason
+from floorline.paths import REGISTRY, parse_path
+from floorline.paths.engine import EnginePath
 from floorline.records import VALID
 from floorline.store import CellRow
 
 
 def provenance_class(row: CellRow) -> str:
-    """The class a row belongs to: its environment's key where that includes the code's hashes;
-    for a row from before provenance was recorded (its kernels unknown), its run's alone."""
-    if "code" in row.fingerprint:
+    """The class a row belongs to: its environment's key where that includes the code's hashes
+    (without the engine's kernels and tuning table for a path that does not run them); for a
+    row from before provenance was recorded (its kernels unknown), its run's alone."""
+    if "code" not in row.fingerprint:
+        return f"{row.fingerprint_key}, run {row.run_id}"
+    if runs_engine(row.path):
         return row.fingerprint_key
-    return f"{row.fingerprint_key}, run {row.run_id}"
+    return fingerprint_key(row.fingerprint, engine=False)
+
+
+def runs_engine(path: str) -> bool:
+    """Whether a path runs the engine's kernels (an unknown path is taken to)."""
+    try:
+        return isinstance(REGISTRY[parse_path(path).base], EnginePath)
+    except FloorlineError:
+        return True
 
 
 def ms(row: CellRow) -> float | None:
