@@ -64,6 +64,8 @@ def test_an_unsteady_cell_names_what_interrupted_its_steps():
     unmoved = {**seen, "gc_ms": 30.0, "migrations": 0}  # the collector under 1% of the time
     assert describe(unmoved, 6400.0) == ("the scheduler took the measuring thread off its CPU "
                                          "12 times")
+    assert describe({**unmoved, "preempted": 1, "migrations": 1}, 6400.0) == (
+        "the scheduler took the measuring thread off its CPU once and moved it between CPUs once")
     quiet = {**seen, "gc_ms": 30.0, "preempted": 0}  # under 1% of the time, no preemption
     assert describe(quiet, 6400.0) is None and describe(None, 6400.0) is None
     details = {"warmup_steps": 64, "timed_steps": 64, "drift": 1.3, "steady": True,

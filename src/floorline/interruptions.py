@@ -113,6 +113,10 @@ class Interruptions:
                 "stolen": None if self.stolen is None else round(self.stolen, 4)}
 
 
+def times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
+
+
 def describe(interruptions: dict | None, timed_ms: float) -> str | None:
     """The interruptions that took a share of the timed steps worth naming, in a few words, for
     an unsteady cell's reason; None where there were none to speak of (`timed_ms`: the steps'
@@ -131,8 +135,8 @@ def describe(interruptions: dict | None, timed_ms: float) -> str | None:
     if preempted:
         waited = (f", where it waited {waiting:.0f} ms in all for a CPU"
                   if waiting and timed_ms and waiting / timed_ms >= NOTABLE else "")
-        parts.append(f"the scheduler took the measuring thread off its CPU {preempted} times"
-                     + (f" and moved it between CPUs {moved} times" if moved else "") + waited)
+        parts.append(f"the scheduler took the measuring thread off its CPU {times(preempted)}"
+                     + (f" and moved it between CPUs {times(moved)}" if moved else "") + waited)
     stolen = interruptions.get("stolen")
     if stolen and stolen >= NOTABLE:
         parts.append(f"the virtual machine's hypervisor gave {stolen:.0%} of this host's CPU "
