@@ -56,20 +56,6 @@ def mean_interval(values, seed: int, confidence: float = 0.95,
     return Interval(float(x.mean()), low, high, int(x.size))
 
 
-def median_interval(values, seed: int = 0, confidence: float = 0.95,
-                    resamples: int = 2_000) -> Interval:
-    """The median with a percentile bootstrap interval (BCa's jackknife is costly and unsteady
-    for the median of tied values); a single point where every value is the same."""
-    x = np.asarray(values, dtype=float)
-    if x.size == 0:
-        raise ValueError("no samples")
-    median = float(np.median(x))
-    if x.size < 2 or np.ptp(x) == 0:
-        return Interval(median, median, median, int(x.size))
-    low, high = _bootstrap(x, np.median, "percentile", seed, confidence, resamples)
-    return Interval(median, low, high, int(x.size))
-
-
 def block_length(n: int) -> int:
     """Consecutive steps resampled together by block_median_interval: about n^(1/3) (the rate
     Politis and White's optimal length grows at), 4 for 64 steps, 13 for 2048."""
