@@ -7,28 +7,21 @@ meanwhile.
     PYTHONPATH=src python bench/ab_sessions.py DB
 """
 
-import json
-import sqlite3
 import sys
+from pathlib import Path
 
 from floorline.measure.ab import Plan, stored_session, summarise_sessions
+from floorline.store import Store
 
 
 def main(db: str) -> None:
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    for experiment, text in con.execute(
-            "SELECT id, plan FROM ab_experiments WHERE summary IS NULL ORDER BY id"):
-        plan = Plan(**{k: v for k, v in json.loads(text).items() if k != "paired"})
-        names = ["idx", "status", "reason", "first_arm", "samples_a", "samples_b", "details"]
-        rows = [dict(zip(names, r)) for r in con.execute(
-            f"SELECT {', '.join(names)} FROM ab_sessions WHERE experiment_id=? ORDER BY idx",
-            (experiment,))]
-        for r in rows:
-            for k in ("samples_a", "samples_b", "details"):
-                r[k] = None if r[k] is None else json.loads(r[k])
+    store = Store(Path(db), read_only=True)
+    for experiment in reversed(store.unfinished_abs()):  # oldest first
+        plan = Plan(**{k: v for k, v in experiment["plan"].items() if k != "paired"})
+        rows = experiment["sessions"]
         summary = summarise_sessions(plan, [stored_session(r) for r in rows])
-        print(f"experiment {experiment}, cut off after {len(rows)} of {plan.sessions} sessions: "
-              f"{summary.sentence()}")
+        print(f"experiment {experiment['id']}, cut off after {len(rows)} of {plan.sessions} "
+              f"sessions: {summary.sentence()}")
         ok = summary.ok
         print("  session ratios: " + ", ".join(f"{s.ratio:.3f}" for s in ok))
         for arm, medians, steps in ((plan.a, [s.ms_a for s in ok],

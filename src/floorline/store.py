@@ -505,18 +505,14 @@ class Store:
             "details": json.dumps({k: getattr(session, k) for k in SESSION_DETAILS},
                                   sort_keys=True)})
 
-    def unfinished_ab(self, plan: dict, env_key: str, any_seed: bool) -> dict | None:
-        """The newest A/B experiment without a summary (cut off) whose plan is `plan`'s (its
-        seed aside where `any_seed`; its per-session time limit aside always) in the
-        environment `env_key`: its id, stored plan and sessions (each row's columns, its JSON
-        decoded, in session order); None where there is none."""
-        ignored = {"timeout_s"} | ({"seed"} if any_seed else set())
-        same = lambda p: {k: v for k, v in p.items() if k not in ignored}  # noqa: E731
-        for i, text in self._read("SELECT id, plan FROM ab_experiments WHERE summary IS NULL "
-                                  "AND fingerprint_key=? ORDER BY id DESC", (env_key,)):
-            stored = self._json(text, "ab_experiments", i, "plan")
-            if same(stored) != same(plan):
-                continue
+    def unfinished_abs(self, env_key: str | None = None) -> list[dict]:
+        """Every A/B experiment without a summary (cut off), newest first, of the environment
+        `env_key` where one is given: its id, stored plan and sessions (each row's columns, its
+        JSON decoded, in session order)."""
+        where, params = ("AND fingerprint_key=?", (env_key,)) if env_key is not None else ("", ())
+        found = []
+        for i, text in self._read(f"SELECT id, plan FROM ab_experiments WHERE summary IS NULL "
+                                  f"{where} ORDER BY id DESC", params):
             names = ["idx", "status", "reason", "first_arm", "samples_a", "samples_b", "details"]
             sessions = []
             for values in self._read(f"SELECT {', '.join(names)} FROM ab_sessions WHERE "
@@ -526,8 +522,18 @@ class Store:
                     row[k] = (None if row[k] is None
                               else self._json(row[k], "ab_sessions", i, k, kind))
                 sessions.append(row)
-            return {"id": i, "plan": stored, "sessions": sessions}
-        return None
+            found.append({"id": i, "plan": self._json(text, "ab_experiments", i, "plan"),
+                          "sessions": sessions})
+        return found
+
+    def unfinished_ab(self, plan: dict, env_key: str, any_seed: bool) -> dict | None:
+        """The newest cut-off A/B (unfinished_abs) whose plan is `plan`'s (its seed aside where
+        `any_seed`; its per-session time limit aside always) in the environment `env_key`;
+        None where there is none."""
+        ignored = {"timeout_s"} | ({"seed"} if any_seed else set())
+        same = lambda p: {k: v for k, v in p.items() if k not in ignored}  # noqa: E731
+        return next((e for e in self.unfinished_abs(env_key) if same(e["plan"]) == same(plan)),
+                    None)
 
     def finish_ab(self, experiment_id: int, summary: dict) -> None:
         self.db.execute("UPDATE ab_experiments SET summary=?, finished_at=? WHERE id=?",
