@@ -216,7 +216,13 @@ def _fixed_per_layer(cal: Calibration, path: str) -> tuple[str, list[tuple[str, 
                  for c, ms in _beyond_streaming(cal, ref, ref_terms)]
 
 
-def _fixed_term(ref: str, values: list[tuple[str, float]], model: str) -> Term:
+def fixed_cost(per_layer: tuple[str, list[tuple[str, float]]], model: str) -> Term:
+    """Per layer of `model`, what the reference path's step takes beyond streaming its weights,
+    attention and small kernels (`per_layer`: _fixed_per_layer's): the median over its cells of
+    models of the same architecture, whose layers launch the same kernels (Qwen3's norms its q
+    and k, Gemma 3's has four norms), where it has any, else over all its cells; none below
+    zero."""
+    ref, values = per_layer
     arch = architecture(model)
     same = [v for a, v in values if a == arch]
     chosen, of = (same, f"{arch} ") if same else ([v for _, v in values], "")
@@ -225,27 +231,19 @@ def _fixed_term(ref: str, values: list[tuple[str, float]], model: str) -> Term:
                 f"weights, attention and small kernels")
 
 
-def fixed_cost(cal: Calibration, path: str, model: str) -> Term | None:
-    """Per layer of `model`, what the reference path's step takes beyond streaming its weights,
-    attention and small kernels: the median over its cells of models of the same architecture,
-    whose layers launch the same kernels (Qwen3's norms its q and k, Gemma 3's has four norms),
-    where it has any, else over all its cells; none below zero."""
-    per_layer = _fixed_per_layer(cal, path)
-    return None if per_layer is None else _fixed_term(*per_layer, model)
-
-
-def sm_time(cal: Calibration, path: str, terms: dict[str, Term]) -> Term | None:
+def sm_time(cal: Calibration, path: str, terms: dict[str, Term],
+            per_layer: tuple[str, list[tuple[str, float]]] | None) -> Term | None:
     """Per GB of weights, what the path's graph-replayed cells (a host-bound path's twin's,
     the same kernels) take beyond streaming, attention, small kernels and the fixed cost per
-    layer (median, none below zero); none for the reference itself or without cells."""
+    layer of each cell's model (from `per_layer`, _fixed_per_layer's; none without it) (median
+    weighted by GB, none below zero); none for the reference itself or without cells."""
     path_spec = parse_path(path)
     source_path = path if kind(path) == GPU_GOVERNED else replace(path_spec, graphs=True).name
     if source_path == reference(cal, path):
         return None
-    per_layer = _fixed_per_layer(cal, path) if FIXED in terms else None
     per_gb = []  # (ms per GB, GB) of each cell
     for c, ms in _beyond_streaming(cal, source_path, terms):
-        tau = _fixed_term(*per_layer, c["model"]).value / 1e3 if per_layer else 0.0
+        tau = fixed_cost(per_layer, c["model"]).value / 1e3 if per_layer else 0.0
         gb = weight_bytes(c["model"], c["weight_format"]) / 1e9
         per_gb.append(((ms - tau * layers(c["model"])) / gb, gb))
     if not per_gb:
@@ -331,13 +329,13 @@ def fit(cal: Calibration, path: str, gpu: str, model: str) -> Fit:
     else:
         notes.append("no explain of this family: small kernels are folded into the fixed cost "
                      "per layer")
-    fixed = fixed_cost(cal, path, model)
-    if fixed is not None:
-        terms[FIXED] = fixed
-    extra = sm_time(cal, path, terms)
+    per_layer = _fixed_per_layer(cal, path)
+    if per_layer is not None:
+        terms[FIXED] = fixed_cost(per_layer, model)
+    extra = sm_time(cal, path, terms, per_layer)
     if extra is not None:
         terms[SM] = extra
-    if fixed is None:
+    if per_layer is None:
         notes.append("no graph-replayed 16-bit path of its family was measured: no fixed cost "
                      "per layer")
     host, missing = host_terms(cal, path, gpu)
