@@ -52,10 +52,8 @@ SMALL_MODELS=${SMALL_MODELS:-qwen3-0.6b,llama-3.2-1b}
 # The paths whose steps Python launches kernel by kernel (hf-eager, hf-static) are timed until
 # each cell's median is settled: its 95% interval (a block bootstrap, which the host's slow
 # spells widen) within 5% of it, at most 2048 steps. On a shared host such a step may spread
-# over 50-100% of its median, which 64 steps cannot pin down. The other paths keep 64 steps:
-# the positions a sweep reserves for timing are part of transformers' static cache, whose every
-# step reads all of it, so 2048 more steps' positions made hf-static+graphs 15% slower on the
-# H100 (11.13 against 9.66 ms; notebook/2026-12-07-settled-medians/).
+# over 50-100% of its median, which 64 steps cannot pin down. The other paths' steps, replayed
+# from a graph or the engine's, vary by about 1%: they keep 64 steps.
 SETTLED="--steps auto --rel-width 0.05"
 ab() {  # ab A B CTX NAME: an A/B of 10 fresh sessions into $R/${GPU}_ab_NAME.json, carrying on
   # one that was cut off in $DB

@@ -269,17 +269,27 @@ def test_readings_a_gpu_does_not_report_are_left_out(short_windows):
     assert energy_columns(e)[1].endswith("(-)") and energy_columns(e)[3] == "-"
 
 
-def test_only_a_path_whose_step_ignores_spare_room_gets_positions_for_energy():
+def test_positions_for_energy_only_where_they_leave_the_timed_steps_as_they_were():
     """hf-static attends over its whole static cache: room for energy windows would slow the
-    steps it times, so it gets none; the engine reads up to its position only."""
+    steps it times, unless its session rewinds; one of a sliding-window model cannot, and gets
+    none. The engine reads up to its position only."""
     from floorline.measure.cell import prepare_cell
     from floorline.models import resolve_model
 
+    # (model, path, energy reserved, rewound every, the session's positions past the prompt:
+    # a rewinding one 64 after the graph's 3 warm-up steps, else the plan's 512 + 64 and the
+    # energy's)
+    for model, path, reserved, window, room in (
+            ("qwen2.5-7b", "hf-static+graphs", True, 64, 3 + 64),
+            ("tiny-mistral-swa", "hf-static", False, None, 512 + 64),
+            ("qwen2.5-7b", "engine", True, None, 512 + 64)):
+        cell, run = prepare_cell(CellKey(model, 256, path, 64, "auto"), resolve_model(model),
+                                 "cuda", lookup("h200"), 0)
+        energy = cell.details.get("positions_for_energy", 0)
+        assert (energy > 0) is reserved, path
+        assert cell.details.get("rewound_every") == run.budget.window == window, path
+        assert run.budget.positions == 256 + room + (0 if window else energy), path
     spec = resolve_model("qwen2.5-7b")
-    for path, reserved in (("hf-static+graphs", False), ("engine", True)):
-        cell, _ = prepare_cell(CellKey("qwen2.5-7b", 2048, path, 64, "auto"), spec, "cuda",
-                               lookup("h200"), 0)
-        assert (cell.details.get("positions_for_energy", 0) > 0) is reserved, path
     cell, _ = prepare_cell(CellKey("qwen2.5-7b", 2048, "engine", 64, "auto"), spec, "cpu",
                            lookup("h200"), 0)
     assert "positions_for_energy" not in cell.details  # the CPU is not metered

@@ -327,6 +327,13 @@ def test_one_step_budget_for_cells_sessions_and_explanations():
     # No limit (a model without max_position_embeddings): nothing is cut.
     b = step_budget(StepPlan(None, None), 500, None, graphs=False)
     assert (b.plan.warmup_cap, b.plan.steps_cap, b.prompt) == (512, 2048, 500)
+    # A session that rewinds every 64 steps holds 3 + 64 positions after its prompt however
+    # many steps run, so the caps stay whole; the prompt gives way to those 67 alone.
+    b = step_budget(StepPlan(None, None), 1000, 1024, graphs=True, rewind=64)
+    assert (b.plan.warmup_cap, b.plan.steps_cap, b.window) == (512, 2048, 64)
+    assert (b.prompt, b.positions, b.decode) == (957, 1024, 3 + 512 + 2048)
+    # ... and no rewind where the steps fit in the window
+    assert step_budget(StepPlan(8, 16), 500, 1024, graphs=False, rewind=64).window is None
 
 
 @pytest.mark.parametrize("mode", MODES)

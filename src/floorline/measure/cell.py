@@ -7,14 +7,14 @@ from dataclasses import asdict, dataclass, replace
 
 from floorline.errors import FloorlineError, exception_line, out_of_memory
 from floorline.hardware import DeviceSpec
-from floorline.measure.energy import NO_READING, POSITIONS_CAP, open_meter, positions_wanted
+from floorline.measure.energy import NO_READING, open_meter, positions_wanted
 from floorline.measure.fingerprint import clocks
 from floorline.measure.host import cpu_use, host_load, host_warning, others_share, spare_share
 from floorline.measure.reduction import reference_path
 from floorline.measure.steadiness import unsteady_reason
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY, PathUnavailable, open_session, parse_path, unavailable
-from floorline.paths.base import GRAPH_WARMUP_STEPS, PathSpec, compile_mode
+from floorline.paths.base import GRAPH_WARMUP_STEPS, PathSpec, compile_mode, rewinding
 from floorline.records import INVALID, UNSTEADY, VALID, CellKey, CellResult
 from floorline.stats import summarise
 from floorline.timing import StepPlan, run_plan
@@ -33,6 +33,11 @@ def fit_prompt(ctx: int, decode: int, limit: int | None) -> int:
     return limit - decode
 
 
+# The positions a rewinding session holds past the prompt (and a graph's warm-up): a timed
+# step reads at most this many more than the cell's context, however long the timing.
+REWIND_WINDOW = 64
+
+
 @dataclass(frozen=True)
 class Budget:
     plan: StepPlan  # each arm's warm-up and timing, automatic caps cut to fit the model
@@ -40,6 +45,16 @@ class Budget:
     decode: int  # the most steps run after the prompt
     graph: int  # of which the graph's warm-up before capture
     energy: int = 0  # more steps for the energy windows (measure/energy.py), on a GPU
+    # A session that rewinds (paths/base.py rewinding) every `window` steps after the graph's
+    # warm-up holds only those positions, however many steps it runs; None: it holds them all.
+    window: int | None = None
+
+    @property
+    def positions(self) -> int:
+        """The session's capacity: the positions its prompt and steps take."""
+        if self.window is not None:
+            return self.prompt + self.graph + self.window
+        return self.prompt + self.decode + self.energy
 
 
 @dataclass(frozen=True)
@@ -60,12 +75,17 @@ class CellRun:
 
 
 def step_budget(plan: StepPlan, ctx: int, limit: int | None, *, graphs: bool, arms: int = 1,
-                extra: int = 0) -> Budget:
+                extra: int = 0, rewind: int | None = None) -> Budget:
     """The positions a session needs after its prompt: the graph's warm-up before capture, each
     arm's warm-up (an automatic one at most its cap) and timed steps, and `extra` steps (those a
-    profiler runs). Where the model's `limit` is short, automatic caps are cut to fit first,
-    then the prompt is shortened (fit_prompt)."""
+    profiler runs); with `rewind`, where they are more, the session rewinds and holds that many
+    after the graph's warm-up. Where the model's `limit` is short, automatic caps are cut to fit
+    first, then the prompt is shortened (fit_prompt)."""
     graph = GRAPH_WARMUP_STEPS if graphs else 0
+    steps = arms * (plan.most_warmup + plan.most_steps) + extra
+    if rewind is not None and steps > rewind:
+        return Budget(plan, fit_prompt(ctx, graph + rewind, limit), graph + steps, graph,
+                      window=rewind)
     if limit is not None:
         plan = plan.within((limit - ctx - graph - extra) // arms)
     decode = graph + arms * (plan.most_warmup + plan.most_steps) + extra
@@ -120,17 +140,25 @@ def prepare_cell(key: CellKey, model_spec, device: str, gpu: DeviceSpec,
     if cell.reason:
         return cell, None
     # Room for the most steps the plan may run; the details say how many cached tokens the
-    # first and the last timed step read (the floor counts ctx).
+    # first and the last timed step read (the floor counts ctx). A step that reads its whole
+    # cache, however full (sized_by_capacity), runs in a session that rewinds every
+    # REWIND_WINDOW steps where the path can rewind one.
+    rewind = REWIND_WINDOW if path.sized_by_capacity and path.rewinds(model_spec) else None
     try:
-        budget = step_budget(key.plan, key.ctx, model_spec.max_context, graphs=path_spec.graphs)
+        budget = step_budget(key.plan, key.ctx, model_spec.max_context, graphs=path_spec.graphs,
+                             rewind=rewind)
     except FloorlineError as e:
         cell.reason = str(e)
         return cell, None
-    if device.startswith("cuda") and not path.sized_by_capacity:
-        # room for the energy windows: what the model's positions leave, the prompt uncut
-        left = (model_spec.max_context or budget.prompt + budget.decode + POSITIONS_CAP) - (
-            budget.prompt + budget.decode)
-        budget = replace(budget, energy=max(0, min(positions_wanted(cell_floor.floor_ms), left)))
+    if budget.window is not None:
+        cell.details["rewound_every"] = budget.window
+    if device.startswith("cuda") and (budget.window is not None or not path.sized_by_capacity):
+        # room for the energy windows: what the model's positions leave, the prompt uncut (a
+        # rewinding session takes no more positions for them)
+        wanted = positions_wanted(cell_floor.floor_ms)
+        if budget.window is None and model_spec.max_context is not None:
+            wanted = min(wanted, model_spec.max_context - budget.prompt - budget.decode)
+        budget = replace(budget, energy=max(0, wanted))
         cell.details["positions_for_energy"] = budget.energy
     cell.details.update(prompt_tokens=budget.prompt, **budget.plan.describe())
     reason = unavailable(path_spec, device)
@@ -162,22 +190,22 @@ def measure_prepared(cell: CellResult, run: CellRun, model_spec, device: str,
     load_start = host_load(device)
     try:
         with torch.no_grad():
-            session = open_session(run.path, model_spec, device,
-                                   prompt + budget.decode + budget.energy, seed)
+            session = open_session(run.path, model_spec, device, budget.positions, seed)
             session.prefill(prompt)
             cell.details.update(session.prefill_details())
             meter, note = open_meter(device)
             use = None if device.startswith("cuda") else cpu_use()
-            timing = run_plan(session.step, device, budget.plan, meter, budget.energy)
+            step = session.step if budget.window is None else rewinding(session, budget.window)
+            timing = run_plan(step, device, budget.plan, meter, budget.energy)
             if use is not None:
                 cell.details.update(others_cpu=others_share(use, cpu_use()),
                                     spare_cpu=spare_share(torch.get_num_threads()))
             cell.details["clocks_after_timing"] = clocks(device)
             record_load(cell, device, load_start)
         cell.samples_ms = timing.samples_ms
-        first = prompt + budget.graph + timing.warmup_steps
         cell.details.update(timing.details(),
-                            timed_steps_read=[first, first + len(timing.samples_ms) - 1])
+                            timed_steps_read=positions_read(budget, timing.warmup_steps,
+                                                            len(timing.samples_ms)))
         if timing.energy is not None:
             cell.details["energy"] = timing.energy
         else:
@@ -192,6 +220,16 @@ def measure_prepared(cell: CellResult, run: CellRun, model_spec, device: str,
     finally:
         release(session)
     return cell
+
+
+def positions_read(budget: Budget, warmup: int, timed: int) -> list[int]:
+    """The cached tokens the first and the last of `timed` steps after `warmup` read (the
+    fewest and the most, where the session rewound in between)."""
+    start = budget.prompt + budget.graph
+    offset = warmup if budget.window is None else warmup % budget.window
+    if budget.window is not None and offset + timed > budget.window:
+        return [start, start + budget.window - 1]
+    return [start + offset, start + offset + timed - 1]
 
 
 def record_load(cell: CellResult, device: str, start: dict) -> None:

@@ -5,6 +5,8 @@
     session.prefill(ctx)                               # fill the KV cache with ctx tokens
     session.step()                                     # one new token; nothing for the
                                                        # timer to wait on
+    session.rewind(n)                                  # where the path can: the next step
+                                                       # takes the position n steps back
     session.close()
 
 and, for a quality measurement (measure/quality.py), where the path can give them:
@@ -16,6 +18,7 @@ and, for a quality measurement (measure/quality.py), where the path can give the
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from floorline import graphs
@@ -47,6 +50,11 @@ class Session(ABC):
 
     def compile(self, mode: str) -> None:
         raise PathUnavailable(f"{type(self).__name__} has no compiled form")
+
+    def rewind(self, n: int) -> None:
+        """Move the next step back `n` positions: the cache keeps the tokens before it and the
+        steps after it write their positions again. Only where the path's rewinds() says so."""
+        raise PathUnavailable(f"{type(self).__name__} cannot rewind")
 
     def window_logits(self, ids):
         """The logits of every position of `ids` (1-D token ids, from position 0) as the path
@@ -112,6 +120,10 @@ class DecodePath(ABC):
         """Why this path cannot run on `device`, or None."""
         return None
 
+    def rewinds(self, model_spec) -> bool:
+        """Whether this path's sessions of `model_spec` can rewind (Session.rewind)."""
+        return False
+
     def versions(self) -> dict:
         """Versions of the libraries this path runs on, beyond the fingerprint's."""
         return {}
@@ -146,12 +158,30 @@ class GraphedSession(Session):
     def step(self) -> None:
         self.graph.replay()
 
+    def rewind(self, n: int) -> None:
+        self.inner.rewind(n)  # in place: the graph reads the same buffers
+
     def prefill_details(self) -> dict:
         return self.inner.prefill_details()
 
     def close(self) -> None:
         self.graph = None
         self.inner.close()
+
+
+def rewinding(session: Session, window: int) -> Callable[[], None]:
+    """session.step, rewound `window` positions after every `window` steps: however many steps
+    a timing runs, each reads no more than `window` positions past the first."""
+    done = 0
+
+    def step() -> None:
+        nonlocal done
+        session.step()
+        done += 1
+        if done == window:
+            session.rewind(window)
+            done = 0
+    return step
 
 
 def reset_capture_state() -> None:

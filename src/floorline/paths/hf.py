@@ -36,6 +36,21 @@ class HFSession(Session):
         self.token.copy_(out.logits[:, -1:].argmax(-1))  # greedy sampling, on the device
         self.position.add_(1)
 
+    def rewind(self, n: int) -> None:
+        from transformers import DynamicCache
+
+        if isinstance(self.cache, DynamicCache):
+            self.cache.crop(-n)  # its tensors' length is where it writes next
+        else:
+            # A static layer writes at its own count of tokens (transformers 5.17 on), a tensor
+            # that a captured or compiled step reads: moved back in place; earlier versions
+            # write at the step's cache_position.
+            for layer in self.cache.layers:
+                length = getattr(layer, "cumulative_length", None)
+                if length is not None:
+                    length.sub_(n)
+        self.position.sub_(n)
+
     def window_logits(self, ids):
         """The model's own forward over the window, without a cache, in the session's dtype."""
         out = self.hf_model(input_ids=ids.view(1, -1).to(self.device), use_cache=False)
@@ -69,6 +84,11 @@ class HFPath(DecodePath):
     def __init__(self, cache: str):
         self.cache_kind = cache
         self.facts = self.FACTS[cache]
+
+    def rewinds(self, model_spec) -> bool:
+        # a sliding-window layer past its window has dropped the tokens a rewind goes back to
+        _, windows = kv_layout(model_spec.config)
+        return all(w is None for w in windows)
 
     def build(self, model_spec, device: str, seed: int):
         """The transformers model this path decodes with."""
