@@ -65,6 +65,22 @@ def test_a_transformers_path_is_one_class_whatever_the_engine_tuned(tmp_path):
     assert quote(rows, "m", 2048, "engine").text(".1f") == "64.7 (one run)"
 
 
+def test_a_rewound_session_is_not_pooled_with_one_that_held_every_position(tmp_path):
+    # transformers' static cache is read whole: a session of 2627 positions took 9.66 ms where
+    # one rewound within 2115 took less; the newest class is quoted alone
+    store = Store(tmp_path / "r.db")
+    env = {"device": "h100", "flags": {}, "code": {"kernels_sha256": "k", "tuning_sha256": "t"}}
+    for ms, details in ((9.66, {}), (9.31, {"rewound_every": 64}), (9.35, {"rewound_every": 64})):
+        store.add(CellResult(CellKey("m", 2048, "hf-static+graphs", 64, "auto"), "h100", VALID,
+                             None, [ms] * 4, {"median_ms": ms, "p10_ms": ms, "p90_ms": ms,
+                                              "mean_ms": ms, "n": 4},
+                             {"floor_ms": 3.0, "total_bytes": 10**6, "peak_gbps": 1.0,
+                              "weight_format": "bf16", "kv_dtype": "bf16"}, details),
+                  env, fingerprint_key(env))
+    q = quote(store.rows(latest=False), "m", 2048, "hf-static+graphs")
+    assert q.text(".2f") == "9.33 (median of 2 runs, 9.31-9.35)"
+
+
 def test_rows_from_before_provenance_are_each_run_their_own_class(tmp_path):
     store = Store(tmp_path / "r.db")
     store.begin_run("merge", {}, {}, "same-versions")
