@@ -272,7 +272,7 @@ def test_readings_a_gpu_does_not_report_are_left_out(short_windows):
 def test_positions_for_energy_only_where_they_leave_the_timed_steps_as_they_were():
     """hf-static attends over its whole static cache: room for energy windows would slow the
     steps it times, unless its session rewinds; one of a sliding-window model cannot, and gets
-    none. The engine reads up to its position only."""
+    none. A rewinding session's windows take no more positions."""
     from floorline.measure.cell import prepare_cell
     from floorline.models import resolve_model
 
@@ -282,7 +282,7 @@ def test_positions_for_energy_only_where_they_leave_the_timed_steps_as_they_were
     for model, path, reserved, window, room in (
             ("qwen2.5-7b", "hf-static+graphs", True, 64, 3 + 64),
             ("tiny-mistral-swa", "hf-static", False, None, 512 + 64),
-            ("qwen2.5-7b", "engine", True, None, 512 + 64)):
+            ("qwen2.5-7b", "engine", True, 64, 64)):
         cell, run = prepare_cell(CellKey(model, 256, path, 64, "auto"), resolve_model(model),
                                  "cuda", lookup("h200"), 0)
         energy = cell.details.get("positions_for_energy", 0)

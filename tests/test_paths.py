@@ -59,43 +59,48 @@ def test_compiled_static_step_decodes_the_same():
     assert compiled == decode("hf-static", "tiny-llama", 16, 4)
 
 
-@pytest.mark.parametrize("path", [
-    "hf-eager", "hf-static", "hf-static+compile",
-    pytest.param("hf-static+graphs", marks=gpu_only("a CUDA graph reads what the rewind moved"))])
-def test_a_rewound_session_decodes_its_positions_again(path):
+@pytest.mark.parametrize("path, device", [
+    ("hf-eager", "cpu"), ("hf-static", "cpu"), ("hf-static+compile", "cpu"), ("engine", "cpu"),
+    pytest.param("hf-static+graphs", "cuda",
+                 marks=gpu_only("a CUDA graph reads what the rewind moved")),
+    pytest.param("engine", "cuda", marks=gpu_only("the engine's graph reads its position"))])
+def test_a_rewound_session_decodes_its_positions_again(path, device):
     # A session with room for 5 positions past its prompt (and a graph's warm-up) runs 5 steps,
     # rewinds 5 and, fed the same token again, must decode the same 5 tokens at the same
     # positions: the cache kept the prompt, and the second lap fits in the room of the first.
     ctx, window = 16, 5
     spec, model = parse_path(path), resolve_model("tiny-llama")
-    device = "cuda" if spec.graphs else "cpu"
     warmup = GRAPH_WARMUP_STEPS if spec.graphs else 0
     assert REGISTRY[spec.base].rewinds(model)
     with torch.no_grad():
         session = open_session(spec, model, device, ctx + warmup + window, seed=5)
         session.prefill(ctx)
         inner = session.inner if spec.graphs else session
-        first = inner.token.clone()
+        # the step's input token and position, where the session keeps them
+        token, position = ((inner.engine.token, inner.engine.position) if spec.base == "engine"
+                           else (inner.token, inner.position))
+        first = token.clone()
         laps = []
         for _ in range(2):
-            inner.token.copy_(first)
+            token.copy_(first)
             step = rewinding(session, window)
             tokens = []
             for _ in range(window):
                 step()
-                tokens.append(inner.token.item())
+                tokens.append(token.item())
             laps.append(tokens)
-        assert inner.position.item() == ctx + warmup
+        assert position.item() == ctx + warmup
         session.close()
     assert laps[0] == laps[1]
-    if not spec.graphs:  # the steps of a session that never rewound
+    if path.startswith("hf") and device == "cpu":  # the steps of a session that never rewound
         assert laps[0] == decode(path, "tiny-llama", ctx, window)[1:]
 
 
-def test_a_sliding_window_session_does_not_rewind():
-    # past its window a sliding-window layer has dropped the tokens a rewind would go back to
+def test_a_sliding_window_session_of_transformers_does_not_rewind():
+    # past its window transformers' sliding-window layer has dropped the tokens a rewind would
+    # go back to; the engine's cache keeps every position
     assert not REGISTRY["hf-static"].rewinds(resolve_model("tiny-mistral-swa"))
-    assert not REGISTRY["engine"].rewinds(resolve_model("tiny-llama"))  # reads up to its position
+    assert REGISTRY["engine"].rewinds(resolve_model("tiny-mistral-swa"))
 
 
 @pytest.mark.parametrize("path, model, message", [

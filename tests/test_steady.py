@@ -208,13 +208,14 @@ def test_steps_auto_stops_at_its_cap(clock):
 
 
 def test_a_width_not_reached_is_an_unsteady_cell_saying_so(tmp_path):
-    # At ctx 1900 tiny-llama's 2048 positions leave the engine's steps, which take a new
-    # position each, room for 148: the cap, reached long before an interval 1e-9 of the median.
+    # At ctx 3948 tiny-mistral-swa's 4096 positions leave room for 148 steps of a session that
+    # cannot rewind (transformers' sliding-window layers): the cap, reached long before an
+    # interval 1e-9 of the median.
     db = tmp_path / "r.db"
-    proc = run_here("sweep", "--db", db, "--models", "tiny-llama", "--ctx", "1900", "--paths",
-                   "engine", "--steps", "auto", "--rel-width", "1e-9", "--warmup", "0",
-                   "--device", "cpu", "--gpu", "l4", check=True)
-    assert "unsteady: tiny-llama ctx=1900 engine: --steps auto stopped" in proc.stderr
+    proc = run_here("sweep", "--db", db, "--models", "tiny-mistral-swa", "--ctx", "3948",
+                   "--paths", "hf-eager", "--steps", "auto", "--rel-width", "1e-9", "--warmup",
+                   "0", "--device", "cpu", "--gpu", "l4", check=True)
+    assert "unsteady: tiny-mistral-swa ctx=3948 hf-eager: --steps auto stopped" in proc.stderr
     [cell] = json.loads(run_here("show", "--db", db, "--json", check=True).stdout)
     low, high = cell["details"]["median_ci_ms"]
     assert cell["status"] == "unsteady" and cell["details"]["width_reached"] is False

@@ -186,23 +186,27 @@ def test_context_above_the_model_limit_is_an_invalid_cell(tmp_path):
                                       "steps does not fit in 1024 positions")
 
 
-def test_a_long_timing_of_a_whole_cache_step_rewinds_within_64_positions(tmp_path):
-    # hf-static reads its whole static cache every step: 8 warm-up and 100 timed steps run in a
-    # session of 64 positions past the prompt, rewound every 64 steps, so the timed steps read
-    # 16-79 cached tokens; at ctx 1024, tiny-qwen2's last position, the prompt gives way to the
-    # 64 alone. The engine reads up to its position only: its steps go on from the prompt.
+def test_a_long_timing_rewinds_within_64_positions_past_the_context(tmp_path):
+    # 8 warm-up and 100 timed steps run in a session of 64 positions past the prompt, rewound
+    # every 64 steps, so the timed steps read 16-79 cached tokens at ctx 16; at ctx 1024,
+    # tiny-qwen2's last position, the prompt gives way to the 64 alone. transformers' sliding-
+    # window model cannot rewind: its steps go on from the prompt (8 warm-up, then 100 timed).
     db = tmp_path / "r.db"
-    proc = run_here("sweep", "--db", db, "--models", "tiny-qwen2", "--ctx", "16,1024",
-                    "--steps", "100", "--warmup", "8", "--gpu", GPU, "--paths", "hf-static,engine")
+    proc = run_here("sweep", "--db", db, "--models", "tiny-qwen2,tiny-mistral-swa", "--ctx",
+                    "16,1024", "--steps", "100", "--warmup", "8", "--gpu", GPU, "--paths",
+                    "hf-static,engine")
     assert proc.returncode == 0, proc.stderr
-    cells = {(c["path"], c["ctx"]): c for c in rows(db)}
+    cells = {(c["model"], c["path"], c["ctx"]): c for c in rows(db)}
     # measured (steps timed on a busy CPU may be stored as unsteady; their positions are kept)
     assert {c["status"] for c in cells.values()} <= {"valid", "unsteady"}
-    d = cells["hf-static", 16]["details"]
-    assert (d["rewound_every"], d["prompt_tokens"], d["timed_steps_read"]) == (64, 16, [16, 79])
-    d = cells["hf-static", 1024]["details"]
-    assert (d["prompt_tokens"], d["timed_steps_read"]) == (960, [960, 1023])
-    d = cells["engine", 16]["details"]
+    for path in ("hf-static", "engine"):
+        d = cells["tiny-qwen2", path, 16]["details"]
+        assert (d["rewound_every"], d["prompt_tokens"], d["timed_steps_read"]) == (64, 16, [16, 79])
+        d = cells["tiny-qwen2", path, 1024]["details"]
+        assert (d["prompt_tokens"], d["timed_steps_read"]) == (960, [960, 1023])
+    d = cells["tiny-mistral-swa", "engine", 16]["details"]
+    assert (d["rewound_every"], d["timed_steps_read"]) == (64, [16, 79])
+    d = cells["tiny-mistral-swa", "hf-static", 16]["details"]
     assert "rewound_every" not in d and d["timed_steps_read"] == [24, 123]
 
 

@@ -140,10 +140,10 @@ def prepare_cell(key: CellKey, model_spec, device: str, gpu: DeviceSpec,
     if cell.reason:
         return cell, None
     # Room for the most steps the plan may run; the details say how many cached tokens the
-    # first and the last timed step read (the floor counts ctx). A step that reads its whole
-    # cache, however full (sized_by_capacity), runs in a session that rewinds every
-    # REWIND_WINDOW steps where the path can rewind one.
-    rewind = REWIND_WINDOW if path.sized_by_capacity and path.rewinds(model_spec) else None
+    # first and the last timed step read (the floor counts ctx). Where the path can rewind, its
+    # session rewinds every REWIND_WINDOW steps, so that every cell's steps read about ctx
+    # tokens however many it times (and a static cache, read whole, is no larger).
+    rewind = REWIND_WINDOW if path.rewinds(model_spec) else None
     try:
         budget = step_budget(key.plan, key.ctx, model_spec.max_context, graphs=path_spec.graphs,
                              rewind=rewind)

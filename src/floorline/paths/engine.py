@@ -84,6 +84,10 @@ class EngineSession(Session):
         rows = self.engine.verify(self.drafts)
         self.engine.seek(self.engine.filled + 1, rows.next[:1])  # on the device: no wait
 
+    def rewind(self, n: int) -> None:
+        # The position moves back on the device, outside the captured step, which reads it.
+        self.engine.seek(self.engine.filled - n, self.engine.token)
+
     def close(self) -> None:
         import torch
 
@@ -95,6 +99,9 @@ class EngineSession(Session):
 
 class EnginePath(DecodePath):
     sized_by_capacity = False  # attention reads the cache up to the step's position only
+
+    def rewinds(self, model_spec) -> bool:
+        return True  # its cache keeps every position, a sliding window's included
 
     def __init__(self, weights: str = "bf16", head: str = "bf16", kv: str = "bf16"):
         self.weights, self.head, self.kv = weights, head, kv
