@@ -100,9 +100,6 @@ class EngineSession(Session):
 class EnginePath(DecodePath):
     sized_by_capacity = False  # attention reads the cache up to the step's position only
 
-    def rewinds(self, model_spec) -> bool:
-        return True  # its cache keeps every position, a sliding window's included
-
     def __init__(self, weights: str = "bf16", head: str = "bf16", kv: str = "bf16"):
         self.weights, self.head, self.kv = weights, head, kv
         # The name and the floor's formats follow from the engine's own formats; a quantised
@@ -114,6 +111,9 @@ class EnginePath(DecodePath):
             "engine-gguf" if weights == "gguf" else engine_weight_format(weights, head),
             engine_kv_format(kv),
             reference="engine" if quantised else None)
+
+    def rewinds(self, model_spec) -> bool:
+        return True  # its cache keeps every position, a sliding window's included
 
     def real_weights(self, model_spec) -> bool:
         if self.weights != "gguf":

@@ -25,13 +25,14 @@ def provenance_class(row: CellRow) -> str:
     (without the engine's kernels and tuning table for a path that does not run them); for a
     row from before provenance was recorded (its kernels unknown), its run's alone. A cell whose
     session rewound (measure/cell.py) timed a shorter cache than one that did not: apart."""
-    rewound = row.details.get("rewound_every")
-    layout = "" if rewound is None else f", rewound every {rewound}"
     if "code" not in row.fingerprint:
-        return f"{row.fingerprint_key}, run {row.run_id}{layout}"
-    if runs_engine(row.path):
-        return row.fingerprint_key + layout
-    return fingerprint_key(row.fingerprint, engine=False) + layout
+        klass = f"{row.fingerprint_key}, run {row.run_id}"
+    elif runs_engine(row.path):
+        klass = row.fingerprint_key
+    else:
+        klass = fingerprint_key(row.fingerprint, engine=False)
+    rewound = row.details.get("rewound_every")
+    return klass if rewound is None else f"{klass}, rewound every {rewound}"
 
 
 def runs_engine(path: str) -> bool:
