@@ -4,7 +4,8 @@ was chosen from (floorline.engine.cpu). Two parts, each in this one process:
 1. products: every decoder matrix of a model's shapes (30 layers' qkv, o, gate, up, down, in
    turn, so that none stays in cache) and its head, as a one-row product, by each route: bf16
    through PyTorch's default (oneDNN), through ATen's own GEMV (oneDNN off), through oneDNN's
-   packed weights (where the processor has AVX-512), fp32 (the reference's), int8
+   packed weights (where the processor has AVX-512), through floorline's AVX2 kernel
+   (floorline.engine.cpu_kernel, where it can be built), fp32 (the reference's), int8
    (`torch._weight_int8pack_mm`); and 1 to 256 bf16 rows (a verify step, a prefill's chunk)
    through oneDNN, ATen and widened to fp32 (floorline.engine.cpu_products). Median ms over
    --runs.
@@ -26,7 +27,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from floorline.engine import Engine
+from floorline.engine import Engine, cpu_kernel
 from floorline.engine.cpu_products import ALL_WIDENED, aten_linear, linear
 from floorline.models import resolve_model
 from floorline.paths import open_session, parse_path
@@ -76,6 +77,12 @@ def products(config, runs: int) -> None:
             torch.ops.mkldnn._reorder_linear_weight(head, 1), x)
     except RuntimeError as e:  # oneDNN packs bf16 only where the processor has AVX-512
         print(f"  bf16, oneDNN packed weights: not on this processor ({e})")
+    built = cpu_kernel.kernel()
+    if isinstance(built, str):
+        print(f"  bf16, floorline's AVX2 kernel: not here ({built})")
+    else:
+        rows["bf16, floorline's AVX2 kernel"] = every(lambda xr, w: built.product(xr, w),
+                                                     mats, head, x)
     for name, fn in rows.items():
         print(f"  {name}: {median_ms(fn, runs):.2f} ms")
     del rows

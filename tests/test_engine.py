@@ -145,8 +145,9 @@ def test_the_engine_path_runs_the_contract_and_refuses_options(engine_cells):
         assert len(rows[model, "engine"]["samples_ms"]) == 4
         # the routes the CPU step chose for its bf16 products, and the trials behind them
         details = rows[model, "engine"]["details"]
-        assert re.fullmatch(r"1-2 rows: bf16 (as stored|widened to fp32); more rows: bf16 "
-                            r"(as stored|widened to fp32)", details["cpu_products"])
+        assert re.fullmatch(r"1-2 rows: bf16 (as stored|widened to fp32|by floorline's AVX2 "
+                            r"kernel); more rows: bf16 (as stored|widened to fp32)"
+                            r"(; floorline's AVX2 kernel: .+)?", details["cpu_products"])
         assert set(details["cpu_product_trials"]) == {"few", "many"}
         for option, why in (("engine+graphs", "+graphs needs a CUDA device"),
                             ("engine+compile", "captures its own step")):

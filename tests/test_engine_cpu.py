@@ -1,6 +1,7 @@
 """The CPU's fast step (floorline.engine.cpu) against the reference it stands beside: the same
 tokens and logits in float32 for every family's features and cache format, its bf16 products
-within bf16's rounding of the reference's, and oneDNN's switch left as it was."""
+within bf16's rounding of the reference's by every route (floorline's own kernel among them),
+and oneDNN's switch left as it was."""
 
 import time
 
@@ -9,13 +10,24 @@ import torch
 import torch.backends.mkldnn as onednn
 from tests.test_engine_families import spec as family_spec
 
-from floorline.engine import Engine, cpu_products, runtime
+from floorline.engine import Engine, cpu_kernel, cpu_products, runtime
 from floorline.engine.cpu import REFINED, CpuOps
-from floorline.engine.cpu_products import NATIVE, WIDENED, ProductPlan, linear, plan_products
+from floorline.engine.cpu_products import (
+    KERNEL,
+    NATIVE,
+    WIDENED,
+    ProductPlan,
+    linear,
+    plan_products,
+)
 from floorline.engine.ops import ReferenceOps
 from floorline.models import resolve_model
 
 PROMPT = [3, 17, 42, 5, 99, 7, 64, 12, 8, 30, 21, 2]
+# floorline's AVX2 kernel, where this machine can build it (an x86-64 processor with AVX2 and a
+# C compiler: CI's machines and the GPU machine have both)
+BUILT = cpu_kernel.kernel()
+needs_kernel = pytest.mark.skipif(isinstance(BUILT, str), reason=f"no CPU kernel: {BUILT}")
 
 
 def decode(spec, backend, steps, **formats):
@@ -65,8 +77,9 @@ def test_cpu_step_with_a_qkv_bias_and_its_verify_step():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [None, 2, 16])  # one vector; ATen's GEMV; oneDNN's GEMM
 def test_a_16_bit_product_is_the_fp32_product_rounded_once_by_either_route(dtype, rows):
-    """x and W as the step holds them, summed in fp32, as stored or widened: within one rounding
-    of the exact product, and oneDNN's switch as it was, on or off."""
+    """x and W as the step holds them, summed in fp32, as stored, widened or (up to two rows) by
+    floorline's kernel: within one rounding of the exact product, and oneDNN's switch as it was,
+    on or off."""
     g = torch.Generator().manual_seed(0)
     w = torch.randn(300, 576, generator=g).to(dtype)
     x = torch.randn(*([rows] if rows else []), 576, generator=g).to(dtype)
@@ -75,7 +88,10 @@ def test_a_16_bit_product_is_the_fp32_product_rounded_once_by_either_route(dtype
     try:
         for enabled in (True, False):
             onednn.enabled = enabled
-            for plan in (ProductPlan(), ProductPlan(WIDENED, WIDENED)):
+            plans = [ProductPlan(), ProductPlan(WIDENED, WIDENED)]
+            if rows != 16 and not isinstance(BUILT, str):
+                plans.append(ProductPlan(KERNEL, NATIVE))
+            for plan in plans:
                 y = linear(x, w, plan)
                 assert onednn.enabled is enabled
                 assert y.dtype == dtype
@@ -85,28 +101,122 @@ def test_a_16_bit_product_is_the_fp32_product_rounded_once_by_either_route(dtype
         onednn.enabled = before
 
 
-def test_each_regime_takes_the_route_its_trial_found_clearly_faster(monkeypatch):
-    """A host where widening is slow for one row and fast for many (as where the processor has
-    no bf16 dot products): the trial picks each regime's route, and widens only past WIDEN_BY."""
-    cost = {(NATIVE, 1): 2e-4, (WIDENED, 1): 4e-4, (NATIVE, 64): 4e-3, (WIDENED, 64): 1e-3}
-
+def timed_routes(monkeypatch, cost, kernel="no kernel here"):
+    """plan_products' trials on a host whose routes take cost[route, rows] s a product; the
+    kernel built where `kernel` is None, else that the reason it could not be."""
     def timed(x, w, plan):
         time.sleep(cost[plan.route(x), 1 if x.dim() == 1 else x.shape[0]])
     monkeypatch.setattr(cpu_products, "linear", timed)
     monkeypatch.setattr(cpu_products, "_plans", {})
+    monkeypatch.setattr(cpu_kernel, "kernel",
+                        lambda: object.__new__(cpu_kernel.Kernel) if kernel is None else kernel)
     weights = Engine(resolve_model("tiny-llama"), "cpu", 16, backend="reference").decoder.w
-    plan = plan_products(weights)
+    return plan_products(weights), weights
+
+
+def test_each_regime_takes_the_route_its_trial_found_clearly_faster(monkeypatch):
+    """A host where widening is slow for one row and fast for many (as where the processor has
+    no bf16 dot products): the trial picks each regime's route, and widens only past WIDEN_BY."""
+    cost = {(NATIVE, 1): 2e-4, (WIDENED, 1): 4e-4, (NATIVE, 64): 4e-3, (WIDENED, 64): 1e-3}
+    plan, weights = timed_routes(monkeypatch, cost)
     assert (plan.few, plan.many) == (NATIVE, WIDENED)
     assert plan.trials["many"][WIDENED] < plan.trials["many"][NATIVE] / cpu_products.WIDEN_BY
     assert plan_products(weights) is plan  # timed once a process
+    # the kernel could not be built: the line says why, after the routes
+    assert plan.describe(torch.bfloat16, trials=False) == (
+        "1-2 rows: bf16 as stored; more rows: bf16 widened to fp32; floorline's AVX2 kernel: "
+        "no kernel here")
     cost[WIDENED, 64] = 3.6e-3  # faster, but within the margin: stays as stored
     monkeypatch.setattr(cpu_products, "_plans", {})
     assert plan_products(weights).many == NATIVE
 
 
-def test_a_widened_step_decodes_as_the_stored_one(monkeypatch):
-    """bf16 weights, every product widened: the prefill's logits and the steps' tokens are the
-    as-stored step's, within the order of the fp32 sums."""
+@pytest.mark.parametrize("kernel_s, chosen", [(1e-4, KERNEL), (1.9e-4, NATIVE)])
+def test_a_step_takes_the_kernel_where_its_trial_found_it_clearly_faster(monkeypatch, kernel_s,
+                                                                        chosen):
+    """As where PyTorch converts bf16 weights in scalar steps: the kernel at half the time is
+    chosen for a step's rows, at 1.05x (inside KERNEL_BY) it is not; more rows never try it."""
+    cost = {(NATIVE, 1): 2e-4, (WIDENED, 1): 4e-4, (KERNEL, 1): kernel_s,
+            (NATIVE, 64): 1e-3, (WIDENED, 64): 4e-3}
+    plan, _ = timed_routes(monkeypatch, cost, kernel=None)
+    assert (plan.few, plan.many) == (chosen, NATIVE)
+    assert set(plan.trials["few"]) == {NATIVE, WIDENED, KERNEL}
+    assert set(plan.trials["many"]) == {NATIVE, WIDENED}
+    said = plan.describe(torch.bfloat16)
+    assert said.startswith("1-2 rows: bf16 " + ("by floorline's AVX2 kernel (" if chosen == KERNEL
+                                                 else "as stored ("))
+    assert " ms kernel in its trial); more rows: bf16 as stored (" in said
+    assert "floorline's AVX2 kernel:" not in said
+
+
+def test_a_step_is_timed_on_every_matrix_it_reads_and_many_rows_on_the_first(monkeypatch):
+    """The few-row trial reads every layer's matrices and the head, as a step does (a smaller
+    sample stays in cache); the many-row trial the first layers' up to TRIAL_BYTES."""
+    seen = {1: [], 64: []}
+
+    def timed(x, w, plan):
+        seen[1 if x.dim() == 1 else x.shape[0]].append(w)
+    monkeypatch.setattr(cpu_products, "linear", timed)
+    monkeypatch.setattr(cpu_products, "_plans", {})
+    monkeypatch.setattr(cpu_products, "TRIAL_BYTES", 1)  # the first matrix alone
+    weights = Engine(resolve_model("tiny-llama"), "cpu", 16, backend="reference").decoder.w
+    plan_products(weights)
+    step = [w for layer in weights.layers
+            for w in (layer.wqkv, layer.wo, layer.wgate, layer.wup, layer.wdown)]
+    step.append(weights.head)
+    routes = 3 if not isinstance(cpu_kernel.kernel(), str) else 2
+    passes = (cpu_products.TRIAL_ROUNDS + 1) * routes
+    assert [tuple(w.shape) for w in seen[1]] == [tuple(w.shape) for w in step] * passes
+    assert all(a is b for a, b in zip(seen[1], step))
+    assert [tuple(w.shape) for w in seen[64]] == [tuple(step[0].shape)] * (
+        (cpu_products.TRIAL_ROUNDS + 1) * 2)
+
+
+@needs_kernel
+def test_the_kernel_is_exact_where_the_sums_are_and_refuses_what_it_cannot_multiply():
+    """Small integers sum exactly in fp32 in any order: the kernel's outputs are then the exact
+    products to the bit, for both types, odd row counts and widths with a tail past the blocks
+    of 16 it converts at once. More rows than it takes, a strided matrix or mixed types: one
+    error naming them."""
+    g = torch.Generator().manual_seed(3)
+    for dtype in (torch.bfloat16, torch.float16):
+        for n, k in ((1, 16), (7, 45), (33, 576), (130, 1547)):
+            w = torch.randint(-8, 8, (n, k), generator=g).to(dtype)
+            for shape in ((k,), (1, k), (2, k)):
+                x = torch.randint(-8, 8, shape, generator=g).to(dtype)
+                y = BUILT.product(x, w)
+                assert y.dtype == dtype and y.shape == (*shape[:-1], n)
+                assert torch.equal(y, (x.float() @ w.float().T).to(dtype))
+    w = torch.ones(8, 32, dtype=torch.bfloat16)
+    for x, m in ((torch.ones(3, 32, dtype=torch.bfloat16), w), (torch.ones(32), w),
+                 (torch.ones(16, dtype=torch.bfloat16), w.T.contiguous().T[:, :16])):
+        with pytest.raises(ValueError, match="the CPU kernel multiplies 1-2 rows"):
+            BUILT.product(x, m)
+
+
+@pytest.mark.parametrize("cc, why", [("no-such-compiler", "no C compiler (no-such-compiler; set "
+                                                         "CC to one)"),
+                                     ("false", "false could not build it: no message")])
+def test_a_kernel_that_cannot_be_built_says_why(monkeypatch, tmp_path, cc, why):
+    """No compiler, or one that fails: kernel() is the reason in one line, and nothing half-built
+    is left in the cache to load later."""
+    if isinstance(BUILT, str) and "compiler" not in BUILT:
+        pytest.skip(f"this machine cannot build it whatever the compiler: {BUILT}")
+    monkeypatch.setenv("CC", cc)
+    monkeypatch.setenv("FLOORLINE_CACHE", str(tmp_path))
+    cpu_kernel.kernel.cache_clear()
+    try:
+        assert cpu_kernel.kernel() == why
+    finally:
+        cpu_kernel.kernel.cache_clear()
+    assert not list(tmp_path.rglob("*.so"))
+
+
+@pytest.mark.parametrize("route", [WIDENED, pytest.param(KERNEL, marks=needs_kernel)])
+def test_a_step_by_another_route_decodes_as_the_stored_one(monkeypatch, route):
+    """bf16 weights, every product widened, or a step's products through floorline's kernel:
+    the prefill's logits and the steps' tokens are the as-stored step's, within the order of
+    the fp32 sums."""
     spec = resolve_model("tiny-llama")
 
     def run(plan):
@@ -118,9 +228,10 @@ def test_a_widened_step_decodes_as_the_stored_one(monkeypatch):
             e.step()
             tokens.append(e.token.item())
         return first, tokens
-    stored, widened = run(ProductPlan()), run(ProductPlan(WIDENED, WIDENED))
-    assert stored[1] == widened[1]
-    assert torch.allclose(stored[0], widened[0], rtol=0.02, atol=0.02)
+    other = ProductPlan(WIDENED, WIDENED) if route == WIDENED else ProductPlan(KERNEL, NATIVE)
+    stored, theirs = run(ProductPlan()), run(other)
+    assert stored[1] == theirs[1]
+    assert torch.allclose(stored[0], theirs[0], rtol=0.02, atol=0.02)
 
 
 def test_cpu_ops_are_the_default_on_the_cpu_and_the_reference_stays():

@@ -184,9 +184,9 @@ def test_int4_and_fp8_generate_from_a_16bit_checkpoint(checkpoint):
                     "--device", "cpu", "--dtype", "bfloat16", "--head", "fp8")
     assert proc.returncode == 0 and "fp8head," in proc.stderr, proc.stderr
     # the 16-bit linears' routes on this CPU, each with the trial that chose it
-    assert re.search(r"\nthe CPU's products: 1-2 rows: bf16 (as stored|widened to fp32) "
-                     r"\([\d.]+ ms bf16, [\d.]+ ms widened in its trial\); more rows: ",
-                     proc.stderr), proc.stderr
+    assert re.search(r"\nthe CPU's products: 1-2 rows: bf16 (as stored|widened to fp32|by "
+                     r"floorline's AVX2 kernel) \([\d.]+ ms bf16, [\d.]+ ms widened"
+                     r"(, [\d.]+ ms kernel)? in its trial\); more rows: ", proc.stderr), proc.stderr
     proc = run_here("generate", "--model", checkpoint, "--prompt", PROMPT, "--device", "cpu",
                     "--weights", "int4", "--group-size", 128)
     assert proc.returncode == 2 and "int4 group 128 needs every matrix width (64, 128)" in \

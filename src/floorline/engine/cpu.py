@@ -13,8 +13,9 @@ a floor of its own, not this step's. So up to ATEN_ROWS rows run through ATen's 
 by torch.mv, two with oneDNN switched off around the product); more rows (a verify step)
 keep oneDNN, whose GEMM is faster from 4 rows (22.44 ms against 28.25 at 4 rows, 31.02
 against 113.99 at 16; at 2, 20.53 against 15.12). Where the processor has no bf16 dot
-products, a product of many rows is faster widened to fp32: the route of each is chosen when
-the engine loads (floorline.engine.cpu_products).
+products, a product of many rows is faster widened to fp32, and one or two rows through
+floorline's own AVX2 kernel (floorline.engine.cpu_kernel): the route of each is chosen when the
+engine loads (floorline.engine.cpu_products).
 
 x is normalised in fp32, rounded to the weights' dtype and multiplied with fp32 accumulation;
 the product's output is rounded to that dtype before it joins the fp32 residual stream (as
