@@ -447,3 +447,39 @@ def test_a_child_that_cannot_start_stops_the_command_in_one_line(tmp_path, comma
         f"floorline: error: cannot start the measuring process {python}: Permission denied"
     ], proc.stderr
     assert "Traceback" not in proc.stderr and stored(tmp_path / "r.db") == []
+
+
+def test_a_cell_found_unsteady_is_measured_once_more_after_the_others(tmp_path, monkeypatch):
+    """A first pass in order; then each unsteady cell again, once (an attempt unsteady twice
+    stays so), named in the later row; every attempt kept, the newest the cell's."""
+    attempts = {16: ["unsteady", "valid"], 32: ["valid"], 64: ["unsteady", "unsteady"]}
+    order = []
+
+    def child(key, *args):
+        order.append(key.ctx)
+        status = attempts[key.ctx].pop(0)
+        return CellResult(key, GPU.name, status,
+                          None if status == "valid" else f"drift at ctx {key.ctx}",
+                          summary={"median_ms": 1.0, "p10_ms": 1.0, "p90_ms": 1.0,
+                                   "mean_ms": 1.0, "n": 64})
+    monkeypatch.setattr("floorline.measure.sweep.run_cell_in_child", child)
+    sweep = Sweep(Store(tmp_path / "r.db"), "cpu", GPU)
+    seen, told = [], []
+    measured = sweep.run_cells([key(16), key(32), key(64)], lambda k: seen.append(k.ctx),
+                               lambda k, r: seen.append(r.status), told.append)
+    assert measured == 3 and told == [2]
+    assert order == [16, 32, 64, 16, 64]
+    assert seen == [16, "unsteady", 32, "valid", 64, "unsteady", 16, "valid", 64, "unsteady"]
+    store = Store(tmp_path / "r.db", read_only=True)
+    assert len(store.rows(latest=False)) == 5
+    newest = {r.ctx: r for r in store.rows()}
+    assert newest[16].status == "valid" and newest[64].status == "unsteady"
+    assert newest[16].details["measured_again"] == (
+        "after an unsteady attempt: drift at ctx 16")
+    assert "measured_again" not in newest[32].details
+    # a second sweep skips the valid cells and measures the unsteady one, alone, again
+    attempts[64] = ["valid"]
+    order.clear()
+    assert Sweep(Store(tmp_path / "r.db"), "cpu", GPU).run_cells(
+        [key(16), key(32), key(64)]) == 1
+    assert order == [64]

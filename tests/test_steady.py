@@ -215,8 +215,13 @@ def test_a_width_not_reached_is_an_unsteady_cell_saying_so(tmp_path):
     proc = run_here("sweep", "--db", db, "--models", "tiny-mistral-swa", "--ctx", "3948",
                    "--paths", "hf-eager", "--steps", "auto", "--rel-width", "1e-9", "--warmup",
                    "0", "--device", "cpu", "--gpu", "l4", check=True)
-    assert "unsteady: tiny-mistral-swa ctx=3948 hf-eager: --steps auto stopped" in proc.stderr
+    # found unsteady, and so measured once more after the others: unsteady again
+    assert proc.stderr.count("unsteady: tiny-mistral-swa ctx=3948 hf-eager: --steps auto "
+                             "stopped") == 2
+    assert "measuring the 1 unsteady cell(s) once more, after the others" in proc.stderr
     [cell] = json.loads(run_here("show", "--db", db, "--json", check=True).stdout)
+    assert cell["details"]["measured_again"].startswith(
+        "after an unsteady attempt: --steps auto stopped at its cap of 148 timed steps")
     low, high = cell["details"]["median_ci_ms"]
     assert cell["status"] == "unsteady" and cell["details"]["width_reached"] is False
     assert cell["reason"].startswith(

@@ -19,6 +19,7 @@ from floorline.models.zoo import DEMO_MODEL, DEMO_MODELS, STUDY_MODELS
 from floorline.paths import REGISTRY, parse_path
 from floorline.records import (
     SAME_QUALITY,
+    UNSTEADY,
     CellKey,
     CellResult,
     QualityKey,
@@ -113,12 +114,15 @@ class Sweep:
         """This invocation begun as a run of the database, in this sweep's environment."""
         self.store.begin_run(command, options, self.env, self.env_key, label)
 
-    def run_cell(self, key: CellKey) -> CellResult | None:
-        """The cell, committed to the database as soon as it ends; None when skipped."""
-        if not self.force and self.store.has_valid(key, self.env_key):
+    def run_cell(self, key: CellKey, earlier: CellResult | None = None) -> CellResult | None:
+        """The cell, committed to the database as soon as it ends; None when skipped.
+        `earlier`: the unsteady attempt this one measures again, named in its details."""
+        if not self.force and earlier is None and self.store.has_valid(key, self.env_key):
             return None
         result = run_cell_in_child(key, self.device, self.gpu, self.seed,
                                    self.trust_remote_code, self.timeout_s)
+        if earlier is not None:
+            result.details["measured_again"] = f"after an unsteady attempt: {earlier.reason}"
         self.store.add(result, self.env, self.env_key)
         return result
 
@@ -144,10 +148,27 @@ class Sweep:
 
     def run_cells(self, keys: list[CellKey],
                   on_start: Callable[[CellKey], None] | None = None,
-                  on_done: Callable[[CellKey, CellResult | None], None] | None = None) -> int:
+                  on_done: Callable[[CellKey, CellResult | None], None] | None = None,
+                  on_again: Callable[[int], None] | None = None) -> int:
         """Every cell of `keys` in order (run_cell), `on_start(key)` before each and
-        `on_done(key, its result or None where skipped)` after; how many were measured."""
-        return run_each(keys, self.run_cell, on_start, on_done)
+        `on_done(key, its result or None where skipped)` after; how many were measured. Then each
+        cell found unsteady is measured once more, after all the others (`on_again(how many)`
+        first, and the callbacks as before): what disturbs a host (another process, a slow spell
+        of its CPU, files written back to disk) seldom lasts a whole sweep. Both attempts are
+        kept; the later is the cell's newest row."""
+        unsteady: list[tuple[CellKey, CellResult]] = []
+
+        def first(key: CellKey) -> CellResult | None:
+            result = self.run_cell(key)
+            if result is not None and result.status == UNSTEADY:
+                unsteady.append((key, result))
+            return result
+        measured = run_each(keys, first, on_start, on_done)
+        if unsteady and on_again:
+            on_again(len(unsteady))
+        again = dict(unsteady)
+        run_each(list(again), lambda key: self.run_cell(key, again[key]), on_start, on_done)
+        return measured
 
     def run_qualities(self, keys: list[QualityKey],
                       on_start: Callable[[QualityKey], None] | None = None,

@@ -131,7 +131,8 @@ def sweep(
                   f"{device_spec.peak_gbps:g} GB/s {device_spec.source}", highlight=False,
                   markup=False)
     with warm_worker(device), progress_bar() as progress:
-        task = progress.add_task("sweep", total=len(keys) + len(quality_keys))
+        total = len(keys) + len(quality_keys)
+        task = progress.add_task("sweep", total=total)
 
         def cell_started(key) -> None:
             progress.update(task, description=escape(f"{model_label(key.model)} ctx={key.ctx} "
@@ -152,7 +153,12 @@ def sweep(
                                        highlight=False, markup=False)
             progress.advance(task)
 
-        measured = runner.run_cells(keys, cell_started, cell_done)
+        def cells_again(n: int) -> None:
+            progress.update(task, total=total + n)
+            progress.console.print(f"measuring the {n} unsteady cell(s) once more, after the "
+                                   "others", highlight=False, markup=False)
+
+        measured = runner.run_cells(keys, cell_started, cell_done, cells_again)
         measured_quality = runner.run_qualities(quality_keys, quality_started, quality_done)
     runner.store.end_run()
     rows = runner.cells(keys)
