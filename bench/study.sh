@@ -54,7 +54,11 @@ SMALL_MODELS=${SMALL_MODELS:-qwen3-0.6b,llama-3.2-1b}
 # spells widen) within 5% of it, at most 2048 steps. On a shared host such a step may spread
 # over 50-100% of its median, which 64 steps cannot pin down. The other paths' steps, replayed
 # from a graph or the engine's, vary by about 1%: they keep 64 steps.
-SETTLED="--steps auto --rel-width 0.05"
+# Their warm-up is a fixed 128 steps: the automatic one waits for two windows of 32 steps to
+# agree within 5%, which the same slow spells can deny it for good (on the lent H100, 3 of 11
+# hf-eager cells stopped at its cap of 5 s, after 128 steps; the other 8 agreed after 64-128).
+# A cell still getting faster after them fails on its drift, as before.
+SETTLED="--steps auto --rel-width 0.05 --warmup 128"
 ab() {  # ab A B CTX NAME: an A/B of 10 fresh sessions into $R/${GPU}_ab_NAME.json, carrying on
   # one that was cut off in $DB
   fl ab --db "$DB" --a "$1" --b "$2" --model $HEADLINE_MODEL --ctx "$3" --sessions 10 \
