@@ -87,6 +87,43 @@ def hang_or_die(marker_dir, key, device, gpu, seed, trust_remote_code, timeout_s
     return measure_cell(key, device, gpu, seed, trust_remote_code)
 
 
+def unsteady_at_first(marker_dir, key, device, gpu, seed, trust_remote_code, timeout_s):
+    """A test's cell runner on the workers: ctx 16's first attempt and every one of ctx 24's
+    come back unsteady (as a disturbed host's would), the rest as measured."""
+    from floorline.measure.cell import measure_cell
+
+    cell = measure_cell(key, device, gpu, seed, trust_remote_code)
+    marker = marker_dir / f"attempted-{key.ctx}"
+    if key.ctx == 24 or (key.ctx == 16 and not marker.exists()):
+        cell.status, cell.reason = "unsteady", f"a disturbed attempt at ctx {key.ctx}"
+    marker.touch()
+    return cell
+
+
+def test_a_fleet_measures_each_unsteady_cell_once_more_after_the_others(tmp_path, cluster):
+    """As the sweep in one process does: every attempt kept, the later naming the earlier."""
+    from floorline.hardware import lookup
+    from floorline.measure import fleet
+    from floorline.records import CellKey
+    from floorline.store import Store
+
+    keys = [CellKey("tiny-llama", ctx, "engine", 4, 1) for ctx in (16, 24, 32)]
+    store, told = Store(tmp_path / "r.db"), []
+    with fleet.Fleet(cluster.scheduler_address) as f:
+        fleet.sweep(f, store, keys, "cpu", lookup(GPU), on_again=told.append,
+                    task_fn=partial(fleet.run_task, measure=partial(unsteady_at_first, tmp_path)))
+    assert told == [2]
+    rows = store.rows(latest=False)
+    assert sorted(r.ctx for r in rows) == [16, 16, 24, 24, 32]
+    newest = {r.ctx: r for r in store.rows()}
+    assert newest[16].status == "valid" and newest[32].status == "valid"
+    assert newest[24].status == "unsteady"  # unsteady twice: stays so, not tried a third time
+    for ctx in (16, 24):
+        assert newest[ctx].details["measured_again"] == (
+            f"after an unsteady attempt: a disturbed attempt at ctx {ctx}")
+    assert "measured_again" not in newest[32].details
+
+
 @pytest.mark.skipif(torch.cuda.device_count() == 1, reason="two workers pinned to GPUs 0 and 1: "
                     "Dask's workers ask NVML for the GPU each is pinned to, and this machine "
                     "has one")

@@ -36,7 +36,7 @@ from floorline.measure.ab import (
 )
 from floorline.measure.fingerprint import environment, fingerprint_key
 from floorline.measure.runner import TIMEOUT_S, run_cell_in_child
-from floorline.records import INVALID, CellKey, CellResult
+from floorline.records import INVALID, UNSTEADY, CellKey, CellResult
 from floorline.store import Store
 
 GPU = "GPU"  # the Dask resource a worker holds one of per GPU; every cell's task needs one
@@ -530,13 +530,22 @@ def sweep(fleet: Fleet, store: Store, keys: list[CellKey], device: str,
           timeout_s: float = TIMEOUT_S, attempts: int = ATTEMPTS,
           on_start: Callable[[CellKey, Started], None] | None = None,
           on_done: Callable[[CellKey, CellResult, str, str], None] | None = None,
+          on_again: Callable[[int], None] | None = None,
           task_fn: Callable[[Task], Measured] = run_task) -> set[str]:
     """Measures every cell of `keys` on the fleet, committing each as its task ends (a cell
-    lost with its workers, invalid); `on_done(key, cell, worker, env_key)` follows each. The
-    environments the cells were stored with (their workers')."""
+    lost with its workers, invalid); `on_done(key, cell, worker, env_key)` follows each. Then
+    each cell found unsteady is measured once more, as an in-process sweep does
+    (floorline.measure.sweep.Sweep.run_cells; `on_again(how many)` first). The environments
+    the cells were stored with (their workers')."""
     env_keys: set[str] = set()
+    unsteady: dict[CellKey, CellResult] = {}
+    again: dict[CellKey, CellResult] = {}
 
     def done(key: CellKey, m: Measured) -> None:
+        if key in again:
+            m.cell.details["measured_again"] = f"after an unsteady attempt: {again[key].reason}"
+        elif m.cell.status == UNSTEADY:
+            unsteady[key] = m.cell
         store.add(m.cell, m.env, m.env_key)
         env_keys.add(m.env_key)
         if on_done:
@@ -546,9 +555,18 @@ def sweep(fleet: Fleet, store: Store, keys: list[CellKey], device: str,
         done(key, Measured(lost_cell(key, tries, worker), worker["env"], worker["env_key"],
                            worker["name"]))
 
-    dispatch(fleet, keys,
-             lambda key: (task_fn, Task(key, device, gpu, seed, trust_remote_code, timeout_s)),
-             device, gpu, attempts=attempts, on_result=done, on_lost=lost, on_start=on_start)
+    def measure(cells: list[CellKey]) -> None:
+        dispatch(fleet, cells,
+                 lambda key: (task_fn, Task(key, device, gpu, seed, trust_remote_code,
+                                            timeout_s)),
+                 device, gpu, attempts=attempts, on_result=done, on_lost=lost, on_start=on_start)
+
+    measure(keys)
+    again.update(unsteady)
+    if again:
+        if on_again:
+            on_again(len(again))
+        measure([k for k in keys if k in again])
     return env_keys
 
 

@@ -203,9 +203,14 @@ def fleet_sweep(keys, db: Path, cluster: str, device: str, gpu, force: bool, see
                                  f"{key.model} ctx={key.ctx} {key.path} on worker {worker}")
                 bar.advance(task)
 
+            def on_again(n: int) -> None:
+                bar.update(task, total=len(todo) + n)
+                bar.console.print(f"measuring the {n} unsteady cell(s) once more, after the "
+                                  "others", highlight=False, markup=False)
+
             env_keys |= fleet.sweep(f, store, todo, device, gpu, seed=seed,
                                     trust_remote_code=trust_remote_code, timeout_s=timeout_s,
-                                    on_start=on_start, on_done=on_done)
+                                    on_start=on_start, on_done=on_done, on_again=on_again)
         store.end_run()
     print_table(out, cells_table(stored_cells(store, keys, env_keys),
                                  f"{store.path}: {len(todo)} measured, {len(keys) - len(todo)} "
