@@ -3,6 +3,7 @@ tokens and logits in float32 for every family's features and cache format, its b
 within bf16's rounding of the reference's by every route (floorline's own kernel among them),
 and oneDNN's switch left as it was."""
 
+import re
 import time
 
 import pytest
@@ -277,3 +278,32 @@ def test_the_steps_rotation_is_the_references_to_the_bit(dtype):
         mine = ops._rotated(qkv, heads, kv_heads, head_dim, cos, sin, p, **options)
         theirs = rotated_heads(qkv, heads, kv_heads, head_dim, cos[p], sin[p], **options)
         assert torch.equal(mine, theirs)
+
+
+@needs_kernel
+@pytest.mark.parametrize("group", [32, 64])
+def test_int4_steps_as_stored_through_the_kernel_as_the_reference(monkeypatch, group):
+    """The engine's own int4 layout (rows interleaved by four, words strided through a group)
+    read by the CPU kernel: float32 logits within the order of the sums, the same tokens."""
+    monkeypatch.setattr(runtime, "plan_products", lambda weights: ProductPlan(blocks=KERNEL))
+    spec = family_spec("qwen3")
+    ours, our_tokens = decode(spec, "cpu", 12, weights="int4", group_size=group)
+    theirs, their_tokens = decode(spec, "reference", 12, weights="int4", group_size=group)
+    assert our_tokens == their_tokens
+    error = ((ours - theirs).norm(dim=-1) / theirs.norm(dim=-1)).max().item()
+    assert error < 1e-5, error
+
+
+def test_a_quantised_models_trial_times_its_blocks_both_ways():
+    """A quantised model's one-row products timed from their fp32 form and (where it can be
+    built) as stored by the kernel; the route the faster by KERNEL_BY, said in its line."""
+    cpu_products._plans.clear()
+    e = Engine(resolve_model("tiny-llama"), "cpu", 16, weights="int4", group_size=32)
+    plan = e.ops.plan
+    t = plan.trials["blocks"]
+    assert set(t) == ({NATIVE} if isinstance(BUILT, str) else {NATIVE, KERNEL})
+    assert plan.blocks == (KERNEL if KERNEL in t and t[KERNEL] * cpu_products.KERNEL_BY
+                           < t[NATIVE] else NATIVE)
+    said = plan.describe(torch.bfloat16)
+    assert re.search(r"quantised, 1 row: (as stored, by floorline's AVX2 kernel|from their fp32 "
+                     r"form) \([\d.]+ ms fp32 form(, [\d.]+ ms kernel)? in its trial\)", said)

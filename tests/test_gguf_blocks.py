@@ -228,3 +228,38 @@ def test_a_sweep_measures_the_file_and_refuses_random_weights(tmp_path, monkeypa
     random = cells["tiny-llama"]
     assert random["status"] == "invalid"
     assert "'tiny-llama' has random weights: no GGUF file to run as stored" in random["reason"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_step_reads_the_blocks_as_stored_as_the_reference_does(tmp_path, fmt, dtype,
+                                                                       monkeypatch):
+    """floorline's CPU kernel on the file's blocks as stored (the step never multiplies the fp32
+    copy that the prefill keeps): the reference's logits within the order of fp32 sums, and its
+    tokens."""
+    from floorline.engine import Engine, cpu_kernel, runtime
+    from floorline.engine.cpu_products import KERNEL, ProductPlan
+    from floorline.engine.ops import ReferenceOps
+
+    if isinstance(cpu_kernel.kernel(), str):
+        pytest.skip(f"no CPU kernel here: {cpu_kernel.kernel()}")
+    spec = resolve_model(str(model_dir(tmp_path, fmt)))
+    ids = torch.tensor([5, 77, 300, 9])
+    reference = Engine(spec, "cpu", 16, weights="gguf", dtype=dtype, backend="reference")
+    reference.prefill(ids)
+    expected = []
+    for _ in range(4):
+        reference.step()
+        expected.append((reference.logits.float().clone(), reference.token.item()))
+    monkeypatch.setattr(runtime, "plan_products", lambda weights: ProductPlan(blocks=KERNEL))
+    ours = Engine(spec, "cpu", 16, weights="gguf", dtype=dtype, backend="cpu")
+    ours.prefill(ids)
+
+    def from_floats(*args, **kwargs):
+        raise AssertionError("a step's product went through the matrix's fp32 form")
+    monkeypatch.setattr(ReferenceOps, "gemv", from_floats)
+    for logits, token in expected:
+        ours.step()
+        error = ((ours.logits.float() - logits).norm() / logits.norm()).item()
+        assert error < (1e-5 if dtype == torch.float32 else 1e-2), error
+        assert ours.token.item() == token

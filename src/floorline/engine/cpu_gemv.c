@@ -138,3 +138,107 @@ int gemv_f16(const uint16_t *w, const uint16_t *x, uint16_t *y, long m, long n, 
              int threads) {
   return product(0, w, x, y, m, n, k, threads);
 }
+
+/* ---- GGUF blocks and the engine's int4, as stored (floorline.engine.quant), one row of x ----
+ *
+ * y[o] = sum_k W[o][k] x[k] in fp32, x and y fp32, W never widened in memory:
+ * - the int4 layout (Int4Weight, and Q4_1Weight with `mins`): int32 words [N / 4, K / 8 * 4],
+ *   rows interleaved by four, word i of a group holding the values at k = i, i + P, ..,
+ *   i + 7P (P = group / 8 words a group) in nibbles 0..7; fp16 scales and uint8 zeros (or fp16
+ *   minimums) [N / 4, G * 4]. W = d (q - z), or d q + m.
+ * - q8_0 (Q8_0Weight): int8 [N, K] and fp16 scales [N, K / 32]. W = d q.
+ * A group's products are summed over its integers first and scaled once: d sum (q - z) x, or
+ * d sum q x + m sum x (q4_1's minimum is no whole number of steps: it joins through x's sum). */
+
+/* x laid out for the int4 words: for each pair of word positions along K and each nibble j,
+ * the 8 lanes of one 256-bit load of words (two positions x four rows) meet x at (position,
+ * nibble) four times over. */
+static void spread_x(const float *x, float *xe, long k, long group) {
+  const long per = group / 8;
+  for (long p = 0; p < k / 8; p += 2)
+    for (int j = 0; j < 8; j++)
+      for (int lane = 0; lane < 8; lane++) {
+        const long pos = p + lane / 4, g = pos / per, i = pos % per;
+        xe[(p / 2 * 8 + j) * 8 + lane] = x[g * group + i + j * per];
+      }
+}
+
+int gemv_int4(const int32_t *qw, const uint16_t *scales, const uint8_t *zeros,
+              const uint16_t *mins, const float *x, float *y, long n, long k, long group,
+              int threads) {
+  if (group % 16 || k % group || n % 4) return -1;
+  const long groups = k / group, per = group / 8;
+  float *xe = malloc((size_t)(4 * k) * sizeof(float));
+  float *sums = malloc((size_t)groups * sizeof(float));
+  if (!xe || !sums) { free(xe); free(sums); return -2; }
+  spread_x(x, xe, k, group);
+  for (long g = 0; g < groups; g++) {
+    float s = 0.0f;
+    for (long t = 0; t < group; t++) s += x[g * group + t];
+    sums[g] = s;
+  }
+  const __m256i nibble = _mm256_set1_epi32(0xF);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (long b = 0; b < n / 4; b++) {
+    const int32_t *words = qw + b * (k / 8 * 4);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 off = _mm_setzero_ps();
+    for (long g = 0; g < groups; g++) {
+      const long at = b * groups * 4 + g * 4;
+      __m256i z = _mm256_setzero_si256(); /* q - z in integers: no fp32 cancellation */
+      if (!mins) {
+        uint32_t z4;
+        memcpy(&z4, zeros + at, 4);
+        const __m128i z32 = _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)z4));
+        z = _mm256_set_m128i(z32, z32);
+      }
+      __m256 dot = _mm256_setzero_ps();
+      for (long i = 0; i < per; i += 2) {
+        const long p = g * per + i;
+        _mm_prefetch((const char *)(words + p * 4 + AHEAD), _MM_HINT_T0);
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(words + p * 4));
+        const float *xp = xe + p / 2 * 64;
+        for (int j = 0; j < 8; j++) {
+          const __m256i q = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(v, 4 * j),
+                                                              nibble), z);
+          dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(xp + 8 * j), dot);
+        }
+      }
+      const __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(scales + at)));
+      acc = _mm256_fmadd_ps(dot, _mm256_set_m128(d, d), acc);
+      if (mins)
+        off = _mm_fmadd_ps(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(mins + at))),
+                           _mm_set1_ps(sums[g]), off);
+    }
+    const __m128 rows4 = _mm_add_ps(_mm_add_ps(_mm256_castps256_ps128(acc),
+                                               _mm256_extractf128_ps(acc, 1)), off);
+    _mm_storeu_ps(y + 4 * b, rows4);
+  }
+  free(xe);
+  free(sums);
+  return 0;
+}
+
+int gemv_q8_0(const int8_t *qw, const uint16_t *scales, const float *x, float *y, long n, long k,
+              int threads) {
+  if (k % 32) return -1;
+  const long blocks = k / 32;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (long o = 0; o < n; o++) {
+    const int8_t *row = qw + o * k;
+    __m256 acc = _mm256_setzero_ps();
+    for (long c = 0; c < blocks; c++) {
+      const int8_t *p = row + c * 32;
+      _mm_prefetch((const char *)(p + 2 * AHEAD), _MM_HINT_T0);
+      __m256 dot = _mm256_setzero_ps();
+      for (int part = 0; part < 4; part++) {
+        const __m128i q8 = _mm_loadl_epi64((const __m128i *)(p + 8 * part));
+        dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)),
+                              _mm256_loadu_ps(x + c * 32 + 8 * part), dot);
+      }
+      acc = _mm256_fmadd_ps(dot, _mm256_set1_ps(_cvtsh_ss(scales[o * blocks + c])), acc);
+    }
+    y[o] = hsum(acc);
+  }
+  return 0;
+}

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from floorline.engine import quant
 from floorline.localcache import cache_dir
 
 SOURCE = Path(__file__).with_name("cpu_gemv.c")
@@ -52,6 +53,10 @@ class Kernel:
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3 + [ctypes.c_int]
             self._fns[dtype] = fn
+        self._int4, self._q8_0 = lib.gemv_int4, lib.gemv_q8_0
+        self._int4.restype = self._q8_0.restype = ctypes.c_int
+        self._int4.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_long] * 3 + [ctypes.c_int]
+        self._q8_0.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [ctypes.c_int]
 
     def product(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         rows = 1 if x.dim() == 1 else x.shape[0]
@@ -65,6 +70,41 @@ class Kernel:
         self._fns[w.dtype](w.data_ptr(), x.data_ptr(), y.data_ptr(), rows, w.shape[0],
                            w.shape[1], torch.get_num_threads())
         return y
+
+
+    def blocks(self, x: torch.Tensor, w) -> torch.Tensor:
+        """x W^T in fp32 for one fp32 row x, W a quantised weight read as stored: int4 (and a
+        GGUF file's Q4_0 blocks, which are int4), q4_1 or q8_0 (floorline.engine.quant)."""
+        n, k = w.shape
+        if x.dim() != 1 or x.dtype != torch.float32 or x.shape[0] != k:
+            raise ValueError(f"the CPU kernel multiplies one fp32 row with a quantised matrix, "
+                             f"not {tuple(x.shape)} {x.dtype} by {n}x{k}")
+        x, y = x.contiguous(), torch.empty(n, dtype=torch.float32)
+        threads = torch.get_num_threads()
+        if isinstance(w, quant.Q8_0Weight):
+            done = self._q8_0(w.qweight.data_ptr(), w.scales.data_ptr(), x.data_ptr(),
+                              y.data_ptr(), n, k, threads)
+        else:
+            mins = getattr(w, "mins", None)
+            zeros = getattr(w, "zeros", None)
+            done = self._int4(w.qweight.data_ptr(), w.scales.data_ptr(),
+                              None if zeros is None else zeros.data_ptr(),
+                              None if mins is None else mins.data_ptr(), x.data_ptr(),
+                              y.data_ptr(), n, k, w.group_size, threads)
+        if done:
+            raise ValueError(f"the CPU kernel cannot multiply a {quant.format_of(w)} matrix of "
+                             f"{n}x{k} in groups of {w.group_size}")
+        return y
+
+    @staticmethod
+    def takes(w) -> bool:
+        """Whether `blocks` multiplies this quantised weight: int4 (groups of a multiple of
+        16), q4_1 or q8_0, its tensors contiguous."""
+        if isinstance(w, quant.Q8_0Weight):
+            return w.qweight.is_contiguous() and w.scales.is_contiguous()
+        return (isinstance(w, (quant.Int4Weight, quant.Q4_1Weight)) and w.group_size % 16 == 0
+                and all(t.is_contiguous() for t in vars(w).values()
+                        if isinstance(t, torch.Tensor)))
 
 
 @functools.cache

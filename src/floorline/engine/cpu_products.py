@@ -10,6 +10,9 @@ of the fp32 sums, so the choice leaves the step's quality as it was.
   multiplied by fp32's GEMM.
 - KERNEL: up to ATEN_ROWS rows through floorline's own AVX2 product (floorline.engine.cpu_kernel),
   where it could be built here.
+A quantised matrix's one-row product has two routes, with the reference's arithmetic (x and the
+sums in fp32): from the matrix's fp32 form (NATIVE, ReferenceOps') or its int4, q4_1 or q8_0
+values read as stored by floorline's kernel (KERNEL).
 
 Which is faster depends on the processor, most on whether it has bf16 dot products (AVX-512 BF16,
 AMX). On 2 cores of an Intel Xeon with them (torch 2.13.0, SmolLM2-135M's 30 layers and head,
@@ -33,7 +36,7 @@ import torch
 import torch.backends.mkldnn as onednn
 import torch.nn.functional as F
 
-from floorline.engine import cpu_kernel
+from floorline.engine import cpu_kernel, quant
 from floorline.engine.quant import dense
 
 NATIVE, WIDENED, KERNEL = "native", "widened", "kernel"
@@ -69,6 +72,9 @@ class ProductPlan:
     many: str = NATIVE
     trials: dict = field(default_factory=dict, compare=False)
     no_kernel: str = field(default="", compare=False)
+    # a quantised matrix's one-row product: from its fp32 form (NATIVE, the reference's) or as
+    # stored through floorline's kernel (KERNEL)
+    blocks: str = NATIVE
 
     def route(self, x: torch.Tensor) -> str:
         return self.few if x.dim() == 1 or x.shape[0] <= ATEN_ROWS else self.many
@@ -89,6 +95,14 @@ class ProductPlan:
             return line
         lines = [regime(which, rows) for which, rows in
                  (("few", f"1-{ATEN_ROWS} rows"), ("many", "more rows")) if which in self.trials]
+        if "blocks" in self.trials:
+            line = ("quantised, 1 row: " + ("as stored, by floorline's AVX2 kernel"
+                                            if self.blocks == KERNEL else "from their fp32 form"))
+            if trials:
+                t = self.trials["blocks"]
+                kernel = f", {t[KERNEL]:.3g} ms kernel" if KERNEL in t else ""
+                line += f" ({t[NATIVE]:.3g} ms fp32 form{kernel} in its trial)"
+            lines.append(line)
         if self.no_kernel and lines:
             lines.append(f"floorline's AVX2 kernel: {self.no_kernel}")
         return "; ".join(lines)
@@ -120,25 +134,33 @@ _plans: dict[tuple, ProductPlan] = {}  # this process's trials, by matrices' sha
 def plan_products(weights) -> ProductPlan:
     """The faster route for few rows and for many on this processor (module docstring), timed
     once a process for the model's shapes, format and the thread count
-    (floorline.engine.weights.DecoderWeights). A step's products are timed on what a step reads,
-    every layer's matrices and the head (up to FEW_TRIAL_BYTES): a smaller sample stays in the
-    processor's cache, where the routes rank otherwise. Many rows are timed on the first
-    layers' matrices. Quantised matrices take the CPU's fp32 product for few rows
-    (ReferenceOps), and a prefill's chunk multiplies them in the 16-bit dtype: for them only the
-    many-row regime is timed, on their 16-bit form. Native where the model runs in fp32."""
+    (floorline.engine.weights.DecoderWeights). A step's 16-bit products are timed on what a
+    step reads, every such matrix of its layers and head (up to FEW_TRIAL_BYTES): a smaller
+    sample stays in the processor's cache, where the routes rank otherwise. Many rows are timed
+    on the first layers' matrices, a quantised one in its 16-bit form (as a prefill's chunk
+    multiplies it). A quantised matrix's one-row products are timed from its fp32 form (the
+    reference's) and as stored through floorline's kernel, over every quantised matrix of a step
+    (up to FEW_TRIAL_BYTES of their 16-bit forms). An fp32 model's unquantised products are
+    PyTorch's."""
     dtype = weights.dtype
-    if dtype not in (torch.bfloat16, torch.float16):
-        return AS_STORED
+    sixteen = dtype in (torch.bfloat16, torch.float16)
     step = [w for layer in weights.layers
             for w in (layer.wqkv, layer.wo, layer.wgate, layer.wup, layer.wdown)]
-    if isinstance(weights.head, torch.Tensor):
-        step.append(weights.head)
-    stored = all(isinstance(w, torch.Tensor) for w in step)
-    key = (dtype, stored, tuple(tuple(w.shape) for w in step), torch.get_num_threads())
+    step.append(weights.head)
+    quantised = [w for w in step if not isinstance(w, torch.Tensor)]
+    if not sixteen and not quantised:
+        return AS_STORED
+    key = (dtype, tuple(quant.format_of(w) for w in step), tuple(tuple(w.shape) for w in step),
+           torch.get_num_threads())
     if key not in _plans:
-        samples = {"many": [dense(w, dtype) for w in _first(step, TRIAL_BYTES)]}
-        if stored:
-            samples = {"few": _first(step, FEW_TRIAL_BYTES), **samples}
+        samples = {}
+        stored = [w for w in step if isinstance(w, torch.Tensor)]
+        if sixteen and stored:
+            samples["few"] = _first(stored, FEW_TRIAL_BYTES)
+        if sixteen:
+            samples["many"] = [dense(w, dtype) for w in _first(step, TRIAL_BYTES)]
+        if quantised:
+            samples["blocks"] = _first(quantised, FEW_TRIAL_BYTES)
         _plans[key] = _trial(samples)
     return _plans[key]
 
@@ -154,30 +176,37 @@ def _first(matrices: list, size: int) -> list:
     return taken
 
 
-def _trial(samples: dict[str, list[torch.Tensor]]) -> ProductPlan:
+def _trial(samples: dict[str, list]) -> ProductPlan:
     g = torch.Generator().manual_seed(0)
-    trials, routes = {}, {"few": NATIVE}
+    trials, routes = {}, {"few": NATIVE, "many": NATIVE, "blocks": NATIVE}
     built = cpu_kernel.kernel()
     no_kernel = "" if isinstance(built, cpu_kernel.Kernel) else built
     for regime, sample in samples.items():
-        rows = () if regime == "few" else (TRIAL_ROWS,)  # a decode step's x is one vector
-        xs = {k: torch.randn(*rows, k, generator=g).to(sample[0].dtype)
-              for k in {w.shape[1] for w in sample}}
-        plans = {NATIVE: AS_STORED, WIDENED: ALL_WIDENED}
-        if regime == "few" and not no_kernel:
-            plans[KERNEL] = ProductPlan(KERNEL, NATIVE)
-        times = {route: [] for route in plans}
+        rows = (TRIAL_ROWS,) if regime == "many" else ()  # a decode step's x is one vector
+        dtype = torch.float32 if regime == "blocks" else sample[0].dtype
+        xs = {k: torch.randn(*rows, k, generator=g).to(dtype) for k in {w.shape[1] for w in sample}}
+        if regime == "blocks":  # the reference's fp32 form, made here for the trial alone
+            forms = {id(w): dense(w) for w in sample}
+            products = {NATIVE: lambda x, w, forms=forms: F.linear(x, forms[id(w)])}
+            if not no_kernel and all(built.takes(w) for w in sample):
+                products[KERNEL] = built.blocks
+        else:
+            products = {NATIVE: lambda x, w: linear(x, w, AS_STORED),
+                        WIDENED: lambda x, w: linear(x, w, ALL_WIDENED)}
+            if regime == "few" and not no_kernel:
+                products[KERNEL] = lambda x, w: linear(x, w, ProductPlan(KERNEL, NATIVE))
+        times = {route: [] for route in products}
         for rnd in range(TRIAL_ROUNDS + 1):  # the first pass of each warms it up
-            for route, plan in plans.items():
+            for route, product in products.items():
                 t0 = time.perf_counter()
                 for w in sample:
-                    linear(xs[w.shape[1]], w, plan)
+                    product(xs[w.shape[1]], w)
                 if rnd:
                     times[route].append((time.perf_counter() - t0) * 1e3)
         med = {route: statistics.median(t) for route, t in times.items()}
         trials[regime] = med
-        route = WIDENED if med[WIDENED] * WIDEN_BY < med[NATIVE] else NATIVE
+        route = WIDENED if WIDENED in med and med[WIDENED] * WIDEN_BY < med[NATIVE] else NATIVE
         if KERNEL in med and med[KERNEL] * KERNEL_BY < med[route]:
             route = KERNEL
         routes[regime] = route
-    return ProductPlan(routes["few"], routes["many"], trials, no_kernel)
+    return ProductPlan(routes["few"], routes["many"], trials, no_kernel, routes["blocks"])
