@@ -1,4 +1,5 @@
-"""floorline's own product of one or two rows with a 16-bit matrix on the CPU (cpu_gemv.c), built
+"""floorline's own products on the CPU (cpu_gemv.c): one or two rows with a 16-bit matrix, and one
+fp32 row with a quantised matrix read as stored (int4, a GGUF file's Q4_1 and Q8_0 blocks). Built
 at first use with the machine's C compiler and kept in floorline's cache.
 
 Where the processor has no bf16 dot products (no AVX-512 BF16 or AMX: most laptops, and servers
