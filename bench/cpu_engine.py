@@ -81,8 +81,7 @@ def products(config, runs: int) -> None:
     if isinstance(built, str):
         print(f"  bf16, floorline's AVX2 kernel: not here ({built})")
     else:
-        rows["bf16, floorline's AVX2 kernel"] = every(lambda xr, w: built.product(xr, w),
-                                                     mats, head, x)
+        rows["bf16, floorline's AVX2 kernel"] = every(built.product, mats, head, x)
     for name, fn in rows.items():
         print(f"  {name}: {median_ms(fn, runs):.2f} ms")
     del rows

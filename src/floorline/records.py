@@ -59,6 +59,10 @@ class CellResult:
         """Every field, JSON-able: how a cell comes back from its child process."""
         return asdict(self)
 
+    def measured_again_after(self, earlier: CellResult) -> None:
+        """Names in its details the unsteady attempt this one measured again (a sweep's)."""
+        self.details["measured_again"] = f"after an unsteady attempt: {earlier.reason}"
+
     @classmethod
     def from_dict(cls, data: dict) -> CellResult:
         return cls(**{**data, "key": CellKey(**data["key"])})

@@ -243,6 +243,12 @@ def print_cell_notes(console: Console, cell, name: str) -> None:
         console.print(f"[yellow]{escape(f'busy host: {name}: {warning}')}[/]", highlight=False)
 
 
+def print_again(console: Console, n: int) -> None:
+    """Before a sweep's second attempt at the cells it found unsteady."""
+    console.print(f"measuring the {n} unsteady cell(s) once more, after the others",
+                  highlight=False, markup=False)
+
+
 def runs_table(runs: list[dict], title: str) -> Table:
     """One line per run: what ran, when, and the provenance that decides its class."""
     table = Table("run", "command", "label", "started", "ended", "code", "kernels", "tuning",

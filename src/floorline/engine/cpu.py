@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from floorline.engine import cpu_kernel
 from floorline.engine.cpu_products import AS_STORED, KERNEL, ProductPlan, linear
 from floorline.engine.kernels.attention import rotated_heads
+from floorline.engine.kernels.gemv import gemv_reference
 from floorline.engine.kvcache import FP8, dequantise, quantise
 from floorline.engine.ops import ReferenceOps
 from floorline.engine.quant import dense
@@ -81,9 +82,10 @@ class CpuOps(ReferenceOps):
     def gemv(self, x, w, out, *, norm=None, eps: float = 0.0, up=None, bias=None,
              accumulate: bool = False, act: str = "silu") -> None:
         if not isinstance(w, torch.Tensor):
-            if self.plan.blocks == KERNEL and x.dim() == 1:
-                self._as_stored(x, w, out, norm=norm, eps=eps, up=up, bias=bias,
-                                accumulate=accumulate, act=act)
+            if self.plan.blocks == KERNEL and x.dim() == 1:  # as stored, never its fp32 copy
+                gemv_reference(x, w, out, norm=norm, eps=eps, up=up, bias=bias,
+                               accumulate=accumulate, act=act,
+                               multiply=cpu_kernel.kernel().blocks)
             else:
                 super().gemv(x, w, out, norm=norm, eps=eps, up=up, bias=bias,
                              accumulate=accumulate, act=act)
@@ -109,25 +111,6 @@ class CpuOps(ReferenceOps):
             xf = x.float() if xf is None else xf
             exact = (w[top].float() @ xf.unsqueeze(-1)).squeeze(-1)
             out.scatter_(-1, top, exact if bias is None else exact + bias[top].float())
-
-    @staticmethod
-    def _as_stored(x, w, out, *, norm, eps: float, up, bias, accumulate: bool, act: str) -> None:
-        """The reference's product (gemv_reference: x and the sums in fp32) of a quantised
-        matrix read as stored by floorline's kernel, never from an fp32 copy."""
-        blocks = cpu_kernel.kernel().blocks
-        xf = x.float()
-        if norm is not None:
-            xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * norm.float()
-        y = blocks(xf, w)
-        if up is not None:
-            gate = F.gelu(y, approximate="tanh") if act == "gelu_tanh" else F.silu(y)
-            y = gate * blocks(xf, up)
-        if bias is not None:
-            y = y + bias.float()
-        if accumulate:
-            out.add_(y)
-        else:
-            out.copy_(y)
 
     def chunk_linear(self, x, w, bias, dtype):
         """A prefill chunk's product by the plan's route for its rows (ops.chunk_linear)."""

@@ -5,12 +5,12 @@ at first use with the machine's C compiler and kept in floorline's cache.
 Where the processor has no bf16 dot products (no AVX-512 BF16 or AMX: most laptops, and servers
 with AVX2 alone), PyTorch's one-row bf16 product is bound by converting its weights, not by
 reading them: it takes as long as fp32's on twice the bytes. The kernel converts 16 weights in
-one instruction. On 2 cores of
-an Intel Xeon, SmolLM2-135M's one-row products (every layer's matrices and the head, as the CPU
-step's trial times them; one run each, medians of 3 passes) took 13.4 ms through it against
-25.9 ms through torch.mv with ATen held to AVX2 (ATEN_CPU_CAPABILITY=avx2), and against 15.4 ms
-through torch.mv with the processor's AVX-512 BF16 dot products. It is one more route the CPU
-step times when it loads (floorline.engine.cpu_products), never assumed.
+one instruction. On 2 cores of an Intel Xeon, SmolLM2-135M's one-row products (every layer's
+matrices and the head, as the CPU step's trial times them; one run each, medians of 3 passes)
+took 13.4 ms through it against 25.9 ms through torch.mv with ATen held to AVX2
+(ATEN_CPU_CAPABILITY=avx2), and against 15.4 ms through torch.mv with the processor's AVX-512
+BF16 dot products. It is one more route the CPU step times when it loads
+(floorline.engine.cpu_products), never assumed.
 
 It needs an x86-64 processor with AVX2, FMA and F16C, a C compiler (CC, else cc) and the OpenMP
 runtime PyTorch itself loaded, which the kernel is linked against so that its threads are
@@ -71,7 +71,6 @@ class Kernel:
         self._fns[w.dtype](w.data_ptr(), x.data_ptr(), y.data_ptr(), rows, w.shape[0],
                            w.shape[1], torch.get_num_threads())
         return y
-
 
     def blocks(self, x: torch.Tensor, w) -> torch.Tensor:
         """x W^T in fp32 for one fp32 row x, W a quantised weight read as stored: int4 (and a

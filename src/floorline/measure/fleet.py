@@ -543,7 +543,7 @@ def sweep(fleet: Fleet, store: Store, keys: list[CellKey], device: str,
 
     def done(key: CellKey, m: Measured) -> None:
         if key in again:
-            m.cell.details["measured_again"] = f"after an unsteady attempt: {again[key].reason}"
+            m.cell.measured_again_after(again[key])
         elif m.cell.status == UNSTEADY:
             unsteady[key] = m.cell
         store.add(m.cell, m.env, m.env_key)

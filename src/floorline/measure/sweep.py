@@ -122,7 +122,7 @@ class Sweep:
         result = run_cell_in_child(key, self.device, self.gpu, self.seed,
                                    self.trust_remote_code, self.timeout_s)
         if earlier is not None:
-            result.details["measured_again"] = f"after an unsteady attempt: {earlier.reason}"
+            result.measured_again_after(earlier)
         self.store.add(result, self.env, self.env_key)
         return result
 

@@ -36,6 +36,7 @@ from floorline.cli.render import (
     err,
     fleet_progress,
     out,
+    print_again,
     print_cell_notes,
     print_table,
     progress_bar,
@@ -155,8 +156,7 @@ def sweep(
 
         def cells_again(n: int) -> None:
             progress.update(task, total=total + n)
-            progress.console.print(f"measuring the {n} unsteady cell(s) once more, after the "
-                                   "others", highlight=False, markup=False)
+            print_again(progress.console, n)
 
         measured = runner.run_cells(keys, cell_started, cell_done, cells_again)
         measured_quality = runner.run_qualities(quality_keys, quality_started, quality_done)
@@ -205,8 +205,7 @@ def fleet_sweep(keys, db: Path, cluster: str, device: str, gpu, force: bool, see
 
             def on_again(n: int) -> None:
                 bar.update(task, total=len(todo) + n)
-                bar.console.print(f"measuring the {n} unsteady cell(s) once more, after the "
-                                  "others", highlight=False, markup=False)
+                print_again(bar.console, n)
 
             env_keys |= fleet.sweep(f, store, todo, device, gpu, seed=seed,
                                     trust_remote_code=trust_remote_code, timeout_s=timeout_s,

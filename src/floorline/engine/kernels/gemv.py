@@ -592,21 +592,25 @@ def gemv(x, w, out, *, config: GemvConfig, norm=None, eps: float = 0.0, up=None,
 
 
 def gemv_reference(x, w, out, *, config=None, norm=None, eps: float = 0.0, up=None, bias=None,
-                   accumulate: bool = False, act: str = "silu") -> None:
+                   accumulate: bool = False, act: str = "silu", multiply=None) -> None:
     """The same contract in plain PyTorch: fp32 arithmetic, the kernel's rounding points, and a
     quantised W dequantised to fp32 first (floorline.engine.quant). x may also be [m, K] rows
-    (out [m, N]), each normalised on its own."""
+    (out [m, N]), each normalised on its own. `multiply(xf, W)`, where given, makes each product
+    of the fp32 x with W instead (the CPU step's kernel, reading a quantised W as stored)."""
     xf = x.float()
     if norm is not None:
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * norm.float()
 
     def product(matrix):
+        if multiply is not None:
+            return multiply(xf, matrix)
+        matrix = dense(matrix)
         return matrix @ xf if xf.dim() == 1 else xf @ matrix.T
-    y = product(dense(w))
+    y = product(w)
     if up is not None:
         gate = (torch.nn.functional.gelu(y, approximate="tanh") if act == "gelu_tanh"
                 else torch.nn.functional.silu(y))
-        y = gate * product(dense(up))
+        y = gate * product(up)
     if bias is not None:
         y = y + bias.float()
     if accumulate:
