@@ -15,8 +15,9 @@
  * Rows of w are shared out over the threads of the OpenMP runtime PyTorch uses (this file is
  * linked against it), BLOCK at a time so that each x vector loaded serves them all, and each
  * row is prefetched AHEAD weights before it is read: on 2 cores of an Intel Xeon, SmolLM2-135M's
- * one-row products took 12.5 ms a step this way against 16.9 ms two rows at a time without
- * prefetching (medians of 15, two runs each). */
+ * one-row products took 12.8-13.0 ms a step this way against 17.6 ms two rows at a time without
+ * prefetching (medians of 15, two passes each, held to AVX2 or not alike: the kernel's code is
+ * the same). */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
