@@ -169,11 +169,12 @@ def test_host_bound_path_is_launches_times_host_cost():
 def test_a_host_bound_step_on_an_unmeasured_host_is_not_forecast():
     # The host is the machine's: no cell of hf-eager and no probe with the H100, so no number,
     # only the GPU side's forecast (weights streamed, 10 us a layer, attention, 1.0 ms of small
-    # kernels), and the command that measures the host.
+    # kernels), and the command that measures the host. Attention at 0.2 of peak is not bound
+    # by the memory: its time is the H200's.
     f = fit(eager_calibration([PROBE]), "hf-eager", "h100-sxm5", "qwen2.5-7b")
     gpu_side = (weight_bytes("qwen2.5-7b", "bf16") / (STREAM * PEAK["h100-sxm5"]) + 28 * 10e-3
                 + attention_bytes("qwen2.5-7b", 2048, "hf-eager", "bf16")
-                / (0.2 * PEAK["h100-sxm5"]) + 1.0)
+                / (0.2 * PEAK["h200"]) + 1.0)
     with pytest.raises(FloorlineError) as e:
         step(f, "qwen2.5-7b", 2048)
     message = str(e.value)
@@ -187,6 +188,27 @@ def test_a_host_bound_step_on_an_unmeasured_host_is_not_forecast():
     f = fit(probed, "hf-eager", "h100-sxm5", "qwen2.5-7b")
     assert f.terms["host cost per launch"].value == pytest.approx(20.0)
     assert step(f, "qwen2.5-7b", 2048).host_ms == pytest.approx(28.0)
+
+
+@pytest.mark.parametrize("eta_a, carried", [(0.5, "fraction"), (0.2, "time")])
+def test_attention_far_below_the_memory_carries_its_time_not_its_fraction(eta_a, carried):
+    # Cells whose attention reads at eta_a of the H200's peak, forecast on the H100 (1.43x less
+    # bandwidth): at half of peak the attention is the memory's, and takes 1.43x the time there;
+    # at a fifth (a third or less) it is not, and takes the H200's time per GB.
+    cells = [cell("engine", "qwen2.5-7b", c, synthetic("qwen2.5-7b", c, eta_a=eta_a))
+             for c in (2048, 16384)]
+    f = fit(Calibration(cells, [], [PROBE]), "engine", "h100-sxm5", "qwen2.5-7b")
+    nbytes = attention_bytes("qwen2.5-7b", 8192, "engine", "bf16")
+    h200_ms = nbytes / (eta_a * PEAK["h200"])
+    attention = step(f, "qwen2.5-7b", 8192).parts["attention"]
+    if carried == "fraction":
+        assert f.terms["attention's fraction of peak"].value == pytest.approx(eta_a)
+        assert attention == pytest.approx(h200_ms * PEAK["h200"] / PEAK["h100-sxm5"])
+    else:
+        term = f.terms["attention's time per GB"]
+        assert term.value == pytest.approx(1e9 / (eta_a * PEAK["h200"]))
+        assert "at 20% of peak: not bound by the memory" in term.source
+        assert attention == pytest.approx(h200_ms)
 
 
 def test_transformers_attention_counts_query_heads():

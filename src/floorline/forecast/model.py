@@ -4,6 +4,7 @@
               + weight bytes x SM time per weight GB
               + layers x fixed cost per layer
               + attention bytes / (attention's fraction of peak x peak)
+                (or attention bytes x attention's time per GB, where that fraction is low)
               + small kernels per step x cost per small kernel
     host side = launches per step x host cost per launch   (paths without CUDA graphs)
               = one graph replay                            (graph-replayed paths)
@@ -15,7 +16,12 @@ bandwidth: a fixed cost per layer (the launches inside a graph, each kernel's ra
 drain), from the path family's 16-bit graph-replayed path, and the SM time per GB of weights
 that a path spends beyond that (unpacking quantised weights), from the path's own cells. Both
 are carried to another GPU as measured, as are the small kernels (norms, rotary, elementwise,
-sampling). Attention's fraction of peak carries as a fraction.
+sampling). Attention's fraction of peak carries as a fraction, where the attention reads near
+the memory's rate; one that reads at a third of peak or less is not bound by the memory, and its
+time per GB carries as measured instead (transformers' attention over its static cache: 16% of
+peak on an H200 and 22% on an H100, the same time per GB within 12% on the two, where a fraction
+carried would have the H100 take 1.43x the H200's), though never less than the memory's
+streaming read of its bytes takes on the GPU forecast.
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ from floorline.paths import parse_path, verify_tokens
 
 BIG_CLASSES = ("matrix-vector", "attention")
 STREAM, ATTENTION = "memory's streaming read", "attention's fraction of peak"
+ATTENTION_TIME = "attention's time per GB"
+# At or below this fraction of peak an attention is not bound by the memory (module docstring)
+MEMORY_BOUND_FROM = 1 / 3
 FIXED, SM = "fixed cost per layer", "SM time per weight GB"
 LAUNCHES, LAUNCH_COST, REPLAY = "launches per layer", "host cost per launch", "host cost per step"
 
@@ -110,37 +119,64 @@ def streaming_read(cal: Calibration, gpu: str) -> Term:
     return Term(STREAM, found[0], "of peak", found[1])
 
 
-def attention_fraction(cal: Calibration, fam: str) -> Term:
-    """Pooled slope of step time over attention bytes, within each path x model x GPU measured
-    at several contexts (GPU-governed cells only: elsewhere the host hides it)."""
+def _slope(groups: list[list[dict]], y) -> float | None:
+    """Pooled slope of attention bytes over y(cell) within each group (x / y: bytes per unit of
+    y), each cell weighted by 1 / y^2, so that it counts by its relative error: a 131k-token
+    cell would otherwise set the slope for the short contexts alone; None where the step does
+    not grow with the bytes."""
+    sxy = sxx = 0.0
+    for group in groups:
+        xs, ys = [_cell_attention(c) for c in group], [y(c) for c in group]
+        ws = [1 / v ** 2 for v in ys]
+        mx = sum(w * x for w, x in zip(ws, xs)) / sum(ws)
+        my = sum(w * v for w, v in zip(ws, ys)) / sum(ws)
+        sxy += sum(w * (x - mx) * (v - my) for w, x, v in zip(ws, xs, ys))
+        sxx += sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
+    return sxx / sxy if sxy > 0 else None
+
+
+def attention_term(cal: Calibration, fam: str) -> Term:
+    """Attention's fraction of peak: the pooled slope of step time over attention bytes,
+    within each path x model x GPU measured at several contexts (GPU-governed cells only:
+    elsewhere the host hides it), else from an explain; at or below MEMORY_BOUND_FROM its time
+    per GB instead, from the same cells."""
     groups: dict[tuple, list[dict]] = {}
     for c in cal.cells:
         if family(c["path"]) == fam and kind(c["path"]) == GPU_GOVERNED:
             groups.setdefault((c["path"], c["model"], c["gpu"]), []).append(c)
-    sxy = sxx = 0.0
-    used = []
-    for group in groups.values():
-        if len({c["ctx"] for c in group}) < 2:
-            continue
-        xs = [_cell_attention(c) for c in group]
-        ys = [c["ms"] * _peak(c["gpu"]) for c in group]  # bytes at peak in the step's time
-        # weighted by 1 / y^2, so that each cell counts by its relative error: a 131k-token
-        # cell would otherwise set the slope for the short contexts alone
-        ws = [1 / y ** 2 for y in ys]
-        mx = sum(w * x for w, x in zip(ws, xs)) / sum(ws)
-        my = sum(w * y for w, y in zip(ws, ys)) / sum(ws)
-        sxy += sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys))
-        sxx += sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
-        used += group
-    if used and sxy > 0:
-        return Term(ATTENTION, sxx / sxy, "", f"slope over context of {len(used)} {fam} cells")
+    several = [g for g in groups.values() if len({c["ctx"] for c in g}) >= 2]
+    # bytes at peak in the step's time, or the step's time alone
+    fraction = _slope(several, lambda c: c["ms"] * _peak(c["gpu"])) if several else None
+    if fraction is not None:
+        source = f"slope over context of {sum(map(len, several))} {fam} cells"
+        if fraction > MEMORY_BOUND_FROM:
+            return Term(ATTENTION, fraction, "", source)
+        return Term(ATTENTION_TIME, 1e9 / _slope(several, lambda c: c["ms"]), "ms",
+                    f"{source}, at {fraction:.0%} of peak: not bound by the memory")
     for e in cal.explanations:
         if family(e["path"]) == fam and e["classes"].get("attention", {}).get("ms"):
             a = attention_bytes(e["model"], e["ctx"], e["path"], formats(e["path"])[1])
-            return Term(ATTENTION, a / (e["classes"]["attention"]["ms"] * _peak(e["gpu"])), "",
-                        f"explain of {e['path']} on {e['gpu']} ({e['source']})")
+            ms = e["classes"]["attention"]["ms"]
+            source = f"explain of {e['path']} on {e['gpu']} ({e['source']})"
+            if a / (ms * _peak(e["gpu"])) > MEMORY_BOUND_FROM:
+                return Term(ATTENTION, a / (ms * _peak(e["gpu"])), "", source)
+            return Term(ATTENTION_TIME, ms / a * 1e9, "ms",
+                        f"{source}, at {a / (ms * _peak(e['gpu'])):.0%} of peak: not bound by "
+                        f"the memory")
     raise FloorlineError(f"no forecast: attention's bandwidth for {fam} paths is missing "
                          f"(measure a {fam} path at two contexts, or run explain on one)")
+
+
+def _attention(terms: dict[str, Term]) -> Term:
+    return terms.get(ATTENTION) or terms[ATTENTION_TIME]
+
+
+def attention_ms(term: Term, nbytes: float, gpu: str, stream: float) -> float:
+    """Attention's time over `nbytes` on `gpu` by attention_term's term; a time per GB carried
+    as measured is never less than the memory's streaming read (`stream`, of peak) takes."""
+    if term.name == ATTENTION_TIME:
+        return max(nbytes / 1e9 * term.value, nbytes / (stream * _peak(gpu)))
+    return nbytes / (term.value * _peak(gpu))
 
 
 def _explain_for(cal: Calibration, path: str) -> dict | None:
@@ -191,14 +227,14 @@ def reference(cal: Calibration, path: str) -> str | None:
 def _beyond_streaming(cal: Calibration, path: str, terms: dict[str, Term]) -> list[tuple]:
     """(cell, ms) of each cell of `path`: its step less attention, its small kernels and its
     weights streamed at its GPU's streaming read."""
-    eta_a = terms[ATTENTION].value
+    attention = _attention(terms)
     out = []
     for c in cal.cells:
         if c["path"] != path:
             continue
-        streamed = (weight_bytes(c["model"], c["weight_format"])
-                    / (streaming_read(cal, c["gpu"]).value * _peak(c["gpu"])))
-        out.append((c, c["ms"] - _cell_attention(c) / (eta_a * _peak(c["gpu"]))
+        stream = streaming_read(cal, c["gpu"]).value
+        streamed = weight_bytes(c["model"], c["weight_format"]) / (stream * _peak(c["gpu"]))
+        out.append((c, c["ms"] - attention_ms(attention, _cell_attention(c), c["gpu"], stream)
                     - _small_ms(terms, c["model"]) - streamed))
     return out
 
@@ -210,7 +246,8 @@ def _fixed_per_layer(cal: Calibration, path: str) -> tuple[str, list[tuple[str, 
     ref = reference(cal, path)
     if ref is None:
         return None
-    ref_terms = {ATTENTION: attention_fraction(cal, family(ref))}
+    attention = attention_term(cal, family(ref))
+    ref_terms = {attention.name: attention}
     ref_terms.update({t.name: t for t in small_kernels(cal, ref) or ()})
     return ref, [(architecture(c["model"]), ms / layers(c["model"]))
                  for c, ms in _beyond_streaming(cal, ref, ref_terms)]
@@ -321,7 +358,8 @@ def fit(cal: Calibration, path: str, gpu: str, model: str) -> Fit:
                                  f"nothing about a GPU's step; missing: a cell of {path} on a GPU")
         raise FloorlineError(f"no forecast: no GPU cell of {path} in the calibration; missing: "
                              f"a measurement of {path} on a GPU (floorline sweep --paths {path})")
-    terms = {STREAM: streaming_read(cal, gpu), ATTENTION: attention_fraction(cal, family(path))}
+    attention = attention_term(cal, family(path))
+    terms = {STREAM: streaming_read(cal, gpu), attention.name: attention}
     notes = []
     small = small_kernels(cal, path)
     if small:
@@ -364,7 +402,8 @@ def step(f: Fit, model: str, ctx: int) -> Step:
         "weights streamed": w / (t[STREAM].value * peak),
         "SM time on the weights": w / 1e9 * t[SM].value if SM in t else 0.0,
         "fixed cost of the layers": layers(model) * t[FIXED].value / 1e3 if FIXED in t else 0.0,
-        "attention": attention_bytes(model, ctx, f.path, kv) / (t[ATTENTION].value * peak),
+        "attention": attention_ms(_attention(t), attention_bytes(model, ctx, f.path, kv), f.gpu,
+                                  t[STREAM].value),
         "small kernels": _small_ms(t, model),
     }
     gpu_ms = sum(parts.values())
