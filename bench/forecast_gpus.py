@@ -1,7 +1,9 @@
 """The forecast left one GPU out: calibrated on one GPU's committed results alone
 (bench/forecast_calibration.py: its cells, explain decompositions and probes), each cell of the
 other GPU forecast as for a GPU not in hand, the error per family of paths (small models under
-2 B parameters; the engine per weight format; the stock paths by kind), and every cell.
+2 B parameters; the engine per weight format; the stock paths by kind), and every cell; then
+again with the other GPU's probes (`floorline probe`, a minute on the GPU, no cells) beside the
+calibration, as for a GPU whose probe a user has taken.
 
 The H100's fp8 cells use the tensor cores' kernel where its tuning table chose it, which the
 H200's table does not: the H100's cells timed with the CUDA cores' table (runs labelled cores-N,
@@ -43,8 +45,10 @@ def pct(x: float | None) -> str:
     return "-" if x is None else f"{x:+.1%}"
 
 
-def summary(rows: list[dict], held_in: str, held_out: str) -> list[str]:
-    lines = [f"Calibrated on the {held_in} alone, forecast on the {held_out}:", "",
+def summary(rows: list[dict], held_in: str, held_out: str, probes: str | None = None) -> list[str]:
+    lines = [f"Calibrated on the {held_in} alone"
+             + (f" and {probes} (no cell of it)" if probes else "")
+             + f", forecast on the {held_out}:", "",
              "| family | cells forecast | mean absolute error | largest | 90% interval held | "
              "not forecast |", "|---|---|---|---|---|---|"]
     for name, f in by_family(rows).items():
@@ -99,6 +103,9 @@ def main() -> None:
     for held_in, held_out, gpu in (("H200", "H100", "h100-sxm5"), ("H100", "H200", "h200")):
         runs[gpu] = leave_one_gpu_out(both, gpu)
         out += summary(runs[gpu], held_in, held_out)
+    for held_in, held_out, gpu in (("H200", "H100", "h100-sxm5"), ("H100", "H200", "h200")):
+        out += summary(leave_one_gpu_out(both, gpu, probed=True), held_in, held_out,
+                       f"the {held_out}'s probes")
     cores = Calibration(h2.cells + [c for c in h1.cells if c["path"] not in
                                     {d["path"] for d in cores_cells()}] + cores_cells(),
                         both.explanations, both.probes)

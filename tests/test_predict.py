@@ -429,6 +429,21 @@ def test_leave_one_gpu_out_forecasts_a_gpu_from_the_other_alone():
     assert [r["path"] for r in refused] == ["hf-eager", "hf-eager"]
     assert all("no host was measured with the h100-sxm5" in r["missing"] for r in refused)
 
+    # With the H100's probe in hand: its streaming read (0.9) in place of the H200's, and its
+    # host's launch cost, so the eager cells are forecast too (the same 7 us a bare launch:
+    # the H200 host's 40 us a launch, 56 ms)
+    probed = {(r["path"], r["model"], r["ctx"]): r for r in
+              leave_one_gpu_out(cal, "h100-sxm5", probed=True)}
+    for (path, model, ctx), r in probed.items():
+        c = next(c for c in cells if (c["gpu"], c["path"], c["model"], c["ctx"])
+                 == ("h100-sxm5", path, model, ctx))
+        fmt = c["weight_format"]
+        expected = 56.0 if path == "hf-eager" else synthetic(
+            model, ctx, path, fmt, "h100-sxm5", truth["h100-sxm5"]["stream"], 0.5,
+            h200["tau_us"], h200["sm"] if fmt != "bf16" else 0.0)
+        assert r["forecast_ms"] == pytest.approx(expected)
+    assert len(cal.probes) == 2  # the calibration given is left as it was
+
     families = by_family(rows)
     small = [errors[("engine", "qwen3-0.6b", c)] for c in (128, 512)]
     big = [errors[("engine", m, c)] for m in ("qwen2.5-7b", "llama-3.1-8b") for c in (2048, 16384)]

@@ -135,11 +135,15 @@ def without_gpu(cal: Calibration, gpu: str) -> Calibration:
                        [p for p in cal.probes if p["gpu"] != gpu], cal.cpu_paths)
 
 
-def leave_one_gpu_out(cal: Calibration, gpu: str) -> list[dict]:
+def leave_one_gpu_out(cal: Calibration, gpu: str, probed: bool = False) -> list[dict]:
     """Each cell of `gpu` forecast from the other GPUs' records alone, as for a GPU not in
-    hand: a row per cell with its error, or why it was not forecast, and whether the 90%
-    interval (from the held-in cells' leave-one-out errors of its kind) held it."""
+    hand (with `probed`: and its own probes, as for a GPU whose `floorline probe` is in hand
+    but none of its cells): a row per cell with its error, or why it was not forecast, and
+    whether the 90% interval (from the held-in cells' leave-one-out errors of its kind) held
+    it."""
     held_in = without_gpu(cal, gpu)
+    if probed:
+        held_in.probes += [p for p in cal.probes if p["gpu"] == gpu]
     loo = leave_one_out(held_in)
     out = []
     for c in cal.cells:
