@@ -100,10 +100,11 @@ def main() -> None:
               f"{len(LEFT_OUT)} H100 cells ({', '.join(sorted({c['model'] for c in LEFT_OUT}))})"
               if LEFT_OUT else "") + ".", ""]
     runs = {}
-    for held_in, held_out, gpu in (("H200", "H100", "h100-sxm5"), ("H100", "H200", "h200")):
+    directions = (("H200", "H100", "h100-sxm5"), ("H100", "H200", "h200"))
+    for held_in, held_out, gpu in directions:
         runs[gpu] = leave_one_gpu_out(both, gpu)
         out += summary(runs[gpu], held_in, held_out)
-    for held_in, held_out, gpu in (("H200", "H100", "h100-sxm5"), ("H100", "H200", "h200")):
+    for held_in, held_out, gpu in directions:
         out += summary(leave_one_gpu_out(both, gpu, probed=True), held_in, held_out,
                        f"the {held_out}'s probes")
     cores = Calibration(h2.cells + [c for c in h1.cells if c["path"] not in

@@ -145,26 +145,29 @@ def attention_term(cal: Calibration, fam: str) -> Term:
         if family(c["path"]) == fam and kind(c["path"]) == GPU_GOVERNED:
             groups.setdefault((c["path"], c["model"], c["gpu"]), []).append(c)
     several = [g for g in groups.values() if len({c["ctx"] for c in g}) >= 2]
-    # bytes at peak in the step's time, or the step's time alone
+    # bytes at peak in the step's time
     fraction = _slope(several, lambda c: c["ms"] * _peak(c["gpu"])) if several else None
     if fraction is not None:
-        source = f"slope over context of {sum(map(len, several))} {fam} cells"
-        if fraction > MEMORY_BOUND_FROM:
-            return Term(ATTENTION, fraction, "", source)
-        return Term(ATTENTION_TIME, 1e9 / _slope(several, lambda c: c["ms"]), "ms",
-                    f"{source}, at {fraction:.0%} of peak: not bound by the memory")
+        per_ms = _slope(several, lambda c: c["ms"])  # bytes a ms: the step's time alone
+        return _attention_of(fraction, per_ms and 1e9 / per_ms,
+                             f"slope over context of {sum(map(len, several))} {fam} cells")
     for e in cal.explanations:
         if family(e["path"]) == fam and e["classes"].get("attention", {}).get("ms"):
             a = attention_bytes(e["model"], e["ctx"], e["path"], formats(e["path"])[1])
             ms = e["classes"]["attention"]["ms"]
-            source = f"explain of {e['path']} on {e['gpu']} ({e['source']})"
-            if a / (ms * _peak(e["gpu"])) > MEMORY_BOUND_FROM:
-                return Term(ATTENTION, a / (ms * _peak(e["gpu"])), "", source)
-            return Term(ATTENTION_TIME, ms / a * 1e9, "ms",
-                        f"{source}, at {a / (ms * _peak(e['gpu'])):.0%} of peak: not bound by "
-                        f"the memory")
+            return _attention_of(a / (ms * _peak(e["gpu"])), ms / a * 1e9,
+                                 f"explain of {e['path']} on {e['gpu']} ({e['source']})")
     raise FloorlineError(f"no forecast: attention's bandwidth for {fam} paths is missing "
                          f"(measure a {fam} path at two contexts, or run explain on one)")
+
+
+def _attention_of(fraction: float, ms_per_gb: float | None, source: str) -> Term:
+    """The attention term of what was measured: its fraction of peak, or at or below
+    MEMORY_BOUND_FROM its time per GB."""
+    if fraction > MEMORY_BOUND_FROM:
+        return Term(ATTENTION, fraction, "", source)
+    return Term(ATTENTION_TIME, ms_per_gb, "ms",
+                f"{source}, at {fraction:.0%} of peak: not bound by the memory")
 
 
 def _attention(terms: dict[str, Term]) -> Term:
