@@ -3,7 +3,8 @@
 other GPU forecast as for a GPU not in hand, the error per family of paths (small models under
 2 B parameters; the engine per weight format; the stock paths by kind), and every cell; then
 again with the other GPU's probes (`floorline probe`, a minute on the GPU, no cells) beside the
-calibration, as for a GPU whose probe a user has taken.
+calibration, as for a GPU whose probe a user has taken; and the terms each GPU's results give
+alone, which a forecast from one carries to the other.
 
 The H100's fp8 cells use the tensor cores' kernel where its tuning table chose it, which the
 H200's table does not: the H100's cells timed with the CUDA cores' table (runs labelled cores-N,
@@ -19,6 +20,8 @@ import sys
 from floorline.errors import FloorlineError
 from floorline.forecast.accuracy import by_family, leave_one_gpu_out
 from floorline.forecast.calibration import Calibration, from_rows
+from floorline.forecast.model import ATTENTION, ATTENTION_TIME, FIXED, SM, STREAM, fit
+from floorline.hardware import lookup
 from floorline.models import resolve_model
 from floorline.store import Store
 from forecast_calibration import LEFT_OUT, RESULTS, h100, h200
@@ -114,8 +117,34 @@ def main() -> None:
            if "fp8" in r["path"] and r["model"] != "smollm2-135m"]
     out += ["The H100's fp8 cells timed with the CUDA cores' table (the H200's kernels), "
             "calibrated on the H200 alone:", ""] + cells(fp8)
+    out += terms_table({"H200": h2, "H100": h1})
     out += ["## Every cell forecast, H200 to H100", ""] + cells(runs["h100-sxm5"])
     print("\n".join(out))
+
+
+def terms_table(cals: dict[str, Calibration]) -> list[str]:
+    """The terms each GPU's results give alone, for Qwen2.5-7B on that GPU: what a forecast
+    from one carries to the other."""
+    lines = ["## Each GPU's terms, from its own results", "",
+             "| term | " + " | ".join(cals) + " |", "|---|" + "---|" * len(cals)]
+    fits = {name: {path: fit(cal, path, gpu, "qwen2.5-7b")
+                   for path in ("engine-int4", "engine-fp8", "hf-static+graphs")}
+            for (name, cal), gpu in zip(cals.items(), ("h200", "h100-sxm5"))}
+    rows = [("memory's streaming read", "engine-int4", STREAM),
+            ("engine: attention's fraction of peak", "engine-int4", ATTENTION),
+            ("engine: fixed cost per layer (Qwen2)", "engine-int4", FIXED),
+            ("engine-int4: SM time per weight GB", "engine-int4", SM),
+            ("engine-fp8: SM time per weight GB", "engine-fp8", SM)]
+    for label, path, term in rows:
+        lines.append(f"| {label} | " + " | ".join(
+            f"{f[path].terms[term].value:.4g} {f[path].terms[term].unit}".rstrip()
+            for f in fits.values()) + " |")
+    # transformers' attention: the fraction of peak its time per GB comes to on each GPU
+    lines.append("| transformers: attention's fraction of peak | " + " | ".join(
+        f"{1e9 / (t.value * lookup(gpu).peak_gbps * 1e6):.1%}"
+        for t, gpu in ((f["hf-static+graphs"].terms[ATTENTION_TIME], g)
+                       for f, g in zip(fits.values(), ("h200", "h100-sxm5")))) + " |")
+    return lines + [""]
 
 
 if __name__ == "__main__":
