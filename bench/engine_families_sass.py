@@ -64,14 +64,14 @@ def gemv_geglu(name, n, k, split_k=1):
     return name, _gemv_kernel, GEMV_TYPES, dict(
         NORM=True, SWIGLU=True, BIAS=False, SCALE=False, GELU=True, ACCUMULATE=False,
         REDUCE=split_k > 1, BLOCK_N=8, BLOCK_K=512, SPLIT_K=split_k,
-        EVEN=n % 8 == 0 and k % (512 * split_k) == 0, PDL=True), 4
+        EVEN=n % 8 == 0 and k % (512 * split_k) == 0, PDL=True, BLOCKS=False), 4
 
 
 def int4_geglu(name, split_k=1, gelu=True):
     return name, _gemv_int4_kernel, INT4_TYPES, dict(
         NORM=True, SWIGLU=True, GELU=gelu, BIAS=False, ACCUMULATE=False, REDUCE=split_k > 1,
         BLOCK_N=8, GROUPS=4, GROUP=128, WORDS=4, SPLIT_K=split_k, EVEN=True,
-        PDL=True, ASM=True), 2
+        PDL=True, ASM=True, MIN=False), 2
 
 
 VARIANTS = [
