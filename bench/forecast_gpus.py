@@ -21,6 +21,7 @@ from floorline.errors import FloorlineError
 from floorline.forecast.accuracy import by_family, leave_one_gpu_out
 from floorline.forecast.calibration import Calibration, from_rows
 from floorline.forecast.model import ATTENTION, ATTENTION_TIME, FIXED, SM, STREAM, fit
+from floorline.forecast.terms import formats
 from floorline.hardware import lookup
 from floorline.models import resolve_model
 from floorline.store import Store
@@ -117,22 +118,22 @@ def main() -> None:
                                     {d["path"] for d in cores_cells()}] + cores_cells(),
                         both.explanations, both.probes)
     fp8 = [r for r in leave_one_gpu_out(cores, "h100-sxm5")
-           if "fp8" in r["path"].replace("kvfp8", "") and r["model"] != "smollm2-135m"]
+           if "fp8" in formats(r["path"])[0] and r["model"] != "smollm2-135m"]
     out += ["The H100's fp8 cells timed with the CUDA cores' table (the H200's kernels), "
             "calibrated on the H200 alone:", ""] + cells(fp8)
-    out += terms_table({"H200": h2, "H100": h1})
+    out += terms_table({"H200": (h2, "h200"), "H100": (h1, "h100-sxm5")})
     out += ["## Every cell forecast, H200 to H100", ""] + cells(runs["h100-sxm5"])
     print("\n".join(out))
 
 
-def terms_table(cals: dict[str, Calibration]) -> list[str]:
-    """The terms each GPU's results give alone, for Qwen2.5-7B on that GPU: what a forecast
-    from one carries to the other."""
+def terms_table(cals: dict[str, tuple[Calibration, str]]) -> list[str]:
+    """The terms each GPU's results (name: its calibration and catalogue name) give alone, for
+    Qwen2.5-7B on that GPU: what a forecast from one carries to the other."""
     lines = ["## Each GPU's terms, from its own results", "",
              "| term | " + " | ".join(cals) + " |", "|---|" + "---|" * len(cals)]
     fits = {name: {path: fit(cal, path, gpu, "qwen2.5-7b")
                    for path in ("engine-int4", "engine-fp8", "hf-static+graphs")}
-            for (name, cal), gpu in zip(cals.items(), ("h200", "h100-sxm5"))}
+            for name, (cal, gpu) in cals.items()}
     rows = [("memory's streaming read", "engine-int4", STREAM),
             ("engine: attention's fraction of peak", "engine-int4", ATTENTION),
             ("engine: fixed cost per layer (Qwen2)", "engine-int4", FIXED),
@@ -143,10 +144,11 @@ def terms_table(cals: dict[str, Calibration]) -> list[str]:
             f"{f[path].terms[term].value:.4g} {f[path].terms[term].unit}".rstrip()
             for f in fits.values()) + " |")
     # transformers' attention: the fraction of peak its time per GB comes to on each GPU
+    ms_per_gb = {name: f["hf-static+graphs"].terms[ATTENTION_TIME].value
+                 for name, f in fits.items()}
     lines.append("| transformers: attention's fraction of peak | " + " | ".join(
-        f"{1e9 / (t.value * lookup(gpu).peak_gbps * 1e6):.1%}"
-        for t, gpu in ((f["hf-static+graphs"].terms[ATTENTION_TIME], g)
-                       for f, g in zip(fits.values(), ("h200", "h100-sxm5")))) + " |")
+        f"{1e9 / (ms_per_gb[name] * lookup(gpu).peak_gbps * 1e6):.1%}"
+        for name, (_, gpu) in cals.items()) + " |")
     return lines + [""]
 
 

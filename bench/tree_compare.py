@@ -14,16 +14,24 @@ from floorline.report.quotes import of_floor, quote
 from floorline.store import Store
 
 
+def runs_of(db: Path) -> list:
+    store = Store(db, read_only=True)
+    try:
+        return store.rows(latest=False)
+    finally:
+        store.close()
+
+
 def compare(dbs: list[Path]) -> list[str]:
-    rows = {db: Store(db, read_only=True).rows(latest=False) for db in dbs}
+    rows = {db: runs_of(db) for db in dbs}
     cells = sorted({(r.model, r.ctx, r.path) for runs in rows.values() for r in runs})
     lines = ["| model | ctx | path | " + " | ".join(db.stem for db in dbs) + " |",
              "|---|---|---|" + "---|" * len(dbs)]
     for cell in cells:
-        base = quote(rows[dbs[0]], *cell)
+        quotes = {db: quote(rows[db], *cell) for db in dbs}
+        base = quotes[dbs[0]]
         texts = []
-        for db in dbs:
-            q = quote(rows[db], *cell)
+        for db, q in quotes.items():
             if q is None:
                 texts.append("-")
                 continue
