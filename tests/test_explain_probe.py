@@ -4,9 +4,11 @@ import pytest
 
 from conftest import gpu_only, run_here
 from floorline.hardware import lookup
+from floorline.measure import probe as probe_module
 from floorline.measure.explain import by_class, classify, decompose, exclusive, explain, union_us
-from floorline.measure.probe import probe
+from floorline.measure.probe import host_layer, probe
 from floorline.measure.quality import RANDOM_WEIGHTS
+from floorline.models import build_model, cut_down, resolve_model
 
 
 def test_union_of_overlapping_intervals():
@@ -115,9 +117,50 @@ def test_probe_on_the_cpu_and_in_the_cells_table(tmp_path):
     probed = json.loads(run_here("probe", "--db", db, "--device", "cpu", "--buffer-mib", "8",
                                  "--model", "tiny-llama", "--json", check=True).stdout)
     assert set(probed["gemv_gbps"]) >= {"384x128", "1024x128"}
+    # the host's layer, from the steps at 1 and 5 layers: their difference over 4, and the rest
+    for path in ("hf-eager", "hf-static"):
+        host = probed["host_layer"][path]
+        one, five = host["step_ms"]["1"], host["step_ms"]["5"]
+        assert host["architecture"] == "llama" and host["layer_us"] > 0
+        assert host["layer_us"] == pytest.approx((five - one) / 4 * 1e3)
+        assert host["step_us"] == pytest.approx(one * 1e3 - host["layer_us"])
     cell = json.loads(run_here("show", "--db", db, "--json", check=True).stdout)[0]
     expected = cell["total_bytes"] / (probed["stream_read_gbps"] * 1e6) / cell["median_ms"]
     shown = run_here("show", "--db", db, check=True).stdout
     assert f"{expected:.1%}" in shown
     # its one cell of random weights: quality noted as not measured, once, in no column
     assert shown.count(f"quality: {RANDOM_WEIGHTS}") == 1 and "ppl vs fp32" not in shown
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-7b", "gemma-3-4b", "phi-4-mini"])
+def test_a_model_cut_down_runs_its_own_layer_on_a_few_mb(name):
+    # The probe's host layer: the architecture's own modules, two layers, small tensors (the
+    # heads as the model has them, 8 wide in the hidden state).
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    spec = resolve_model(name)
+    cut = build_model(cut_down(spec, 2), "cpu", torch.bfloat16)
+    with torch.device("meta"):
+        full = AutoModelForCausalLM.from_config(spec.config.get_text_config())
+
+    def modules(layer):
+        return [type(m).__name__ for m in layer.modules()]
+
+    assert len(cut.model.layers) == 2 and modules(cut.model.layers[0]) == modules(
+        full.model.layers[0])
+    assert sum(p.numel() for p in cut.parameters()) < 2 * 3_000_000
+
+
+def test_the_host_layer_says_why_where_it_cannot_be_read(monkeypatch):
+    spec = resolve_model("tiny-llama")
+    monkeypatch.setattr(probe_module, "_step_ms", lambda path, model, device: 1.0)
+    reason = host_layer("cpu", spec)["hf-eager"]["reason"]
+    assert "at 5 layers (1.000 ms) was not slower than at 1 (1.000 ms)" in reason
+
+    def broken(path, model, device):
+        raise ValueError("no such layer")
+
+    monkeypatch.setattr(probe_module, "_step_ms", broken)
+    assert host_layer("cpu", spec)["hf-static"] == {
+        "reason": "the model cut to a few layers did not run: ValueError: no such layer"}

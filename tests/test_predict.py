@@ -190,6 +190,37 @@ def test_a_host_bound_step_on_an_unmeasured_host_is_not_forecast():
     assert step(f, "qwen2.5-7b", 2048).host_ms == pytest.approx(28.0)
 
 
+def host_layer_probe(gpu, arch, layer_us=600.0, step_us=400.0):
+    """A probe whose host ran hf-eager's layer of `arch` at `layer_us`, the rest at `step_us`."""
+    return {**PROBE, "gpu": gpu, "host_layer": {"hf-eager": {
+        "layer_us": layer_us, "step_us": step_us, "architecture": arch,
+        "step_ms": {"1": (layer_us + step_us) / 1e3, "5": (5 * layer_us + step_us) / 1e3}}}}
+
+
+def test_a_probe_of_the_host_running_the_models_layer_gives_its_host_side():
+    # The H100's host ran a Qwen2 layer in 600 us and the rest of a step in 400 us: Qwen2.5-7B's
+    # 28 layers take 28 x 0.6 + 0.4 = 17.2 ms there, whatever the H200's cells of hf-eager say
+    # (56 ms: their host's). A probe of the H200's host that ran it, and two H100 probes at
+    # 500 and 700 us, give the H100's median, 600 us.
+    probes = [PROBE, host_layer_probe("h200", "qwen2", 2000.0),
+              host_layer_probe("h100-sxm5", "qwen2", 500.0),
+              host_layer_probe("h100-sxm5", "qwen2", 700.0)]
+    f = fit(eager_calibration(probes), "hf-eager", "h100-sxm5", "qwen2.5-7b")
+    assert f.terms["host time per layer"].value == pytest.approx(600.0)
+    assert "2 probes of h100-sxm5's host" in f.terms["host time per layer"].source
+    assert "host cost per launch" not in f.terms
+    assert step(f, "qwen2.5-7b", 2048).host_ms == pytest.approx(28 * 0.6 + 0.4)
+    # Llama's layer is not the probe's: its host side comes from the cells, scaled by the bare
+    # launches (both 7.0 us here), as without the probe.
+    f = fit(eager_calibration(probes), "hf-eager", "h100-sxm5", "llama-3.1-8b")
+    assert "host time per layer" not in f.terms
+    assert f.terms["host cost per launch"].value == pytest.approx(40.0)
+    # A probe whose layer could not be read (a reason, no figure) is no evidence.
+    failed = {**PROBE, "gpu": "h100-sxm5", "host_layer": {"hf-eager": {"reason": "busy"}}}
+    f = fit(eager_calibration([PROBE, failed]), "hf-eager", "h100-sxm5", "qwen2.5-7b")
+    assert "host time per layer" not in f.terms
+
+
 @pytest.mark.parametrize("eta_a, carried", [(0.5, "fraction"), (0.2, "time")])
 def test_attention_far_below_the_memory_carries_its_time_not_its_fraction(eta_a, carried):
     # Cells whose attention reads at eta_a of the H200's peak, forecast on the H100 (1.43x less

@@ -6,7 +6,9 @@
               + attention bytes / (attention's fraction of peak x peak)
                 (or attention bytes x attention's time per GB, where that fraction is low)
               + small kernels per step x cost per small kernel
-    host side = launches per step x host cost per launch   (paths without CUDA graphs)
+    host side = layers x host time per layer + host time per step   (paths without CUDA
+                graphs, where the GPU's probe ran the path's layer of the model's architecture)
+              = launches per step x host cost per launch   (without graphs, from cells)
               = one graph replay                            (graph-replayed paths)
     step      = the larger of the two
 
@@ -53,6 +55,7 @@ ATTENTION_TIME = "attention's time per GB"
 MEMORY_BOUND_FROM = 1 / 3
 FIXED, SM = "fixed cost per layer", "SM time per weight GB"
 LAUNCHES, LAUNCH_COST, REPLAY = "launches per layer", "host cost per launch", "host cost per step"
+HOST_LAYER, HOST_REST = "host time per layer", "host time per step beyond the layers"
 
 
 class HostNotMeasured(FloorlineError):
@@ -305,15 +308,38 @@ def weighted_median(pairs: list[tuple[float, float]]) -> float:
     return ordered[-1][0]
 
 
-def host_terms(cal: Calibration, path: str, gpu: str) -> tuple[dict[str, Term], str | None]:
-    """The host side's terms for a step on `gpu`, and why they are missing where they are.
-    A graph-replayed path's host launches one graph a step (the probe's replay). A host-bound
-    path's host cost per launch is its cells' on `gpu`; else its cells' elsewhere scaled by the
-    probes' eager launch cost, here against there; else the host is not known."""
+def probed_host(cal: Calibration, gpu: str, path: str, arch: str) -> dict[str, Term]:
+    """The host's time for a layer of `arch` in `path`, and for the rest of its step, from
+    `gpu`'s probes that ran that path on a model of that architecture (the medians over them);
+    empty where none did."""
+    found = [h[path] for p in cal.probes if p["gpu"] == gpu
+             for h in [p.get("host_layer") or {}]
+             if h.get(path, {}).get("architecture") == arch and "layer_us" in h[path]]
+    if not found:
+        return {}
+    source = (f"{len(found)} probe{'s' if len(found) > 1 else ''} of {gpu}'s host: {path} on "
+              f"the {arch} architecture cut to a few MB a layer")
+    return {HOST_LAYER: Term(HOST_LAYER, statistics.median(h["layer_us"] for h in found), "us",
+                             source),
+            HOST_REST: Term(HOST_REST, statistics.median(h["step_us"] for h in found), "us",
+                            source)}
+
+
+def host_terms(cal: Calibration, path: str, gpu: str,
+               model: str) -> tuple[dict[str, Term], str | None]:
+    """The host side's terms for `model`'s step on `gpu`, and why they are missing where they
+    are. A graph-replayed path's host launches one graph a step (the probe's replay). A
+    host-bound path's host takes, per layer and per step, what `gpu`'s probe measured of the
+    path on the model's architecture; without such a probe, its cost per launch is its cells'
+    on `gpu`; else its cells' elsewhere scaled by the probes' eager launch cost, here against
+    there; else the host is not known."""
     if kind(path) == GPU_GOVERNED:
         found = _per_gpu(cal, gpu, lambda p: p.get("graph_us"))
         return ({REPLAY: Term(REPLAY, found[0], "us", f"one graph replay, {found[1]}")}
                 if found else {}), None
+    probed = probed_host(cal, gpu, path, architecture(model))
+    if probed:
+        return probed, None
     e = _explain_for(cal, path)
     if e is None:
         raise FloorlineError(f"no forecast: launches per step of {path} are missing (run explain "
@@ -379,7 +405,7 @@ def fit(cal: Calibration, path: str, gpu: str, model: str) -> Fit:
     if per_layer is None:
         notes.append("no graph-replayed 16-bit path of its family was measured: no fixed cost "
                      "per layer")
-    host, missing = host_terms(cal, path, gpu)
+    host, missing = host_terms(cal, path, gpu, model)
     terms.update(host)
     return Fit(path, kind(path), gpu, terms, {c["gpu"] for c in mine}, notes, missing)
 
@@ -416,7 +442,9 @@ def step(f: Fit, model: str, ctx: int) -> Step:
             f"step takes the longer of it and the host side, which only the host can tell: run "
             f"`floorline probe --db floorline.db` on the machine with the GPU, then forecast "
             f"with --db floorline.db")
-    if LAUNCH_COST in t:
+    if HOST_LAYER in t:
+        host = (layers(model) * t[HOST_LAYER].value + t[HOST_REST].value) / 1e3
+    elif LAUNCH_COST in t:
         host = t[LAUNCHES].value * layers(model) * t[LAUNCH_COST].value / 1e3
     else:
         host = t[REPLAY].value / 1e3 if REPLAY in t else 0.0

@@ -1,6 +1,7 @@
 """Measured ceilings of this card, to set beside its datasheet: streaming read and copy
 bandwidth, GEMV bandwidth at a model's layer shapes, kernel launch cost (eager and inside a CUDA
-graph) and the cost of one host synchronisation.
+graph), the cost of one host synchronisation, and what the host's processor takes to run one of
+the model's layers in transformers' launch-bound paths.
 
 Buffers are rotated so that every timed pass reads memory the previous passes left out of L2.
 """
@@ -11,8 +12,10 @@ import os
 import statistics
 import time
 
-from floorline.errors import FloorlineError
+from floorline.errors import FloorlineError, exception_line
 from floorline.measure.fingerprint import fingerprint_key
+from floorline.models import cut_down
+from floorline.paths import REGISTRY
 from floorline.store import Store
 from floorline.timing import l2_bytes, rotation_copies, time_steps
 from floorline.traffic import count_parameters
@@ -105,6 +108,58 @@ def launch_us(device: str, launches: int = 2000) -> dict:
     return result
 
 
+# The host's time for one of the model's layers in the paths that launch every kernel from
+# Python. The model's own architecture is cut to a few MB a layer (cut_down), so that the GPU's
+# part of each kernel is a few microseconds and a step takes what the host needs to dispatch
+# it; the difference between the steps at the two depths is the layers'. A tiny kernel's launch
+# (eager_us) does not stand in for this: on lent H100s whose launches took 5.8-7.2 us, the
+# study's eager step took 17.7 ms on one host and 51.7 ms on another.
+HOST_PATHS = ("hf-eager", "hf-static")
+HOST_DEPTHS = (1, 5)
+HOST_CTX, HOST_WARMUP, HOST_STEPS, HOST_ROUNDS = 32, 16, 32, 3
+
+
+def _step_ms(path: str, model_spec, device: str) -> float:
+    """The median step of `path` on the model (a cut-down one) at HOST_CTX, in ms."""
+    session = REGISTRY[path].open(model_spec, device, HOST_CTX + HOST_WARMUP + HOST_STEPS, 0)
+    try:
+        session.prefill(HOST_CTX)
+        return statistics.median(time_steps(session.step, device, HOST_STEPS, HOST_WARMUP))
+    finally:
+        session.close()
+
+
+def host_layer(device: str, model_spec) -> dict:
+    """Per path of HOST_PATHS: `layer_us`, the host's time for one of the model's layers,
+    `step_us`, its time for the rest of a step (embedding, head, sampling), and the median
+    step at each depth (the median of HOST_ROUNDS rounds, the depths alternating); or `reason`
+    where it could not be read."""
+    results = {}
+    for path in HOST_PATHS:
+        try:
+            cut = {n: cut_down(model_spec, n) for n in HOST_DEPTHS}
+            rounds = {n: [] for n in HOST_DEPTHS}
+            for _ in range(HOST_ROUNDS):
+                for n in HOST_DEPTHS:
+                    rounds[n].append(_step_ms(path, cut[n], device))
+        except Exception as e:  # an architecture transformers cannot cut down or run here
+            results[path] = {"reason": f"the model cut to a few layers did not run: "
+                                       f"{exception_line(e)}"}
+            continue
+        ms = {n: statistics.median(r) for n, r in rounds.items()}
+        (few, few_ms), (many, many_ms) = sorted(ms.items())
+        layer_us = (many_ms - few_ms) / (many - few) * 1e3
+        if layer_us <= 0:
+            results[path] = {"reason": f"its step at {many} layers ({many_ms:.3f} ms) was not "
+                                       f"slower than at {few} ({few_ms:.3f} ms): a busy host; "
+                                       f"probe again on an idle one"}
+            continue
+        results[path] = {"layer_us": layer_us, "step_us": few_ms * 1e3 - few * layer_us,
+                         "architecture": model_spec.text.model_type,
+                         "step_ms": {str(n): v for n, v in ms.items()}}
+    return results
+
+
 def gemv_shapes(model_spec) -> list[tuple[int, int]]:
     """The distinct (out, in) shapes of the model's linears, LM head included."""
     return sorted(set(count_parameters(model_spec).matrix_shapes))
@@ -147,6 +202,7 @@ def probe(device: str, model_spec=None, buffer_mib: int = 1024, budget_mib: int 
         results["model"] = model_spec.name
         results["gemv_gbps"] = {f"{o}x{i}": gemv_gbps(device, (o, i), budget)
                                 for o, i in gemv_shapes(model_spec)}
+        results["host_layer"] = host_layer(device, model_spec)
     return results
 
 

@@ -2,6 +2,7 @@ from floorline.models.zoo import (
     ModelSpec,
     build_model,
     cache_keyword,
+    cut_down,
     model_label,
     no_tensor,
     resolve_model,
@@ -9,5 +10,5 @@ from floorline.models.zoo import (
     shipped_models,
 )
 
-__all__ = ["ModelSpec", "build_model", "cache_keyword", "model_label", "no_tensor",
+__all__ = ["ModelSpec", "build_model", "cache_keyword", "cut_down", "model_label", "no_tensor",
            "resolve_model", "safetensors_files", "shipped_models"]

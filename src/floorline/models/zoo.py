@@ -377,6 +377,25 @@ def build_model(model_spec: ModelSpec, device: str, dtype, seed: int = 0):
     return hf_model.eval().requires_grad_(False)
 
 
+def cut_down(model_spec: ModelSpec, layers: int) -> ModelSpec:
+    """The model's architecture at `layers` layers of a few MB each, random weights: every
+    layer runs the same operations as the model's own, on small tensors. The heads and their
+    width are kept (rotary tables are sized by them); the hidden width is 8 a head, the MLP's
+    twice that, the vocabulary 1024."""
+    import copy
+
+    config = copy.deepcopy(model_spec.config.get_text_config())
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    config.num_hidden_layers, config.head_dim = layers, head_dim
+    config.hidden_size, config.intermediate_size = 8 * heads, 16 * heads
+    config.vocab_size, config.pad_token_id = 1024, None
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = config.layer_types[:layers]
+    return ModelSpec(f"{model_spec.name} cut to {layers} layers", config,
+                     trust_remote_code=model_spec.trust_remote_code)
+
+
 def cache_keyword(hf_model) -> str:
     """The name a transformers model's forward() takes the cache by: `cache` in newer
     transformers, which deprecate `past_key_values` (removed in 5.40); older ones know only

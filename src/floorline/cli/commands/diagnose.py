@@ -42,7 +42,8 @@ from floorline.records import key_warmup
 @interruptible("nothing was stored")
 def probe(
     model: Annotated[str | None, typer.Option(
-        help="Also GEMV bandwidth at this model's layer shapes.")] = None,
+        help="Also GEMV bandwidth at this model's layer shapes, and the host's time for one of "
+             "its layers in transformers' eager and static paths.")] = None,
     db: DB_OPTION = Path("floorline.db"),
     device: DEVICE_OPTION = None,
     buffer_mib: Annotated[int, typer.Option(
@@ -73,6 +74,10 @@ def probe(
         table.add_row(label, "n/a without CUDA" if value is None else f"{value:.2f} {unit}")
     for shape, gbps in results.get("gemv_gbps", {}).items():
         table.add_row(f"GEMV {shape} bf16", f"{gbps:.0f} GB/s")
+    for path, host in results.get("host_layer", {}).items():
+        table.add_row(f"{path}, the host's time for a layer of {results['model']}",
+                      escape(host["reason"]) if "reason" in host else
+                      f"{host['layer_us']:.0f} us (the rest of a step {host['step_us']:.0f} us)")
     out.print(table)
 
 
