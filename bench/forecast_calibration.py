@@ -39,7 +39,8 @@ GPUS = {"h200": "H200", "h100-sxm5": "H100"}  # catalogue name: the results' pre
 
 def _files(cal: Calibration, gpu: str) -> None:
     """The GPU's explain and probe JSON files of any folder under bench/results/, added to
-    `cal` where its databases do not already hold them."""
+    `cal` where its databases do not already hold them (a probe's file is written beside its
+    stored row, which counts once)."""
     prefix = GPUS[gpu].lower()
     in_db = {(e["path"], e["model"], e["ctx"]) for e in cal.explanations}
     for f in sorted(RESULTS.glob(f"*/{prefix}_explain_*.json"), key=lambda f: f.name):
@@ -48,7 +49,13 @@ def _files(cal: Calibration, gpu: str) -> None:
             name = f.stem.removeprefix(f"{prefix}_explain_")
             cal.explanations.append(explain_record(e, f"{GPUS[gpu]} explain {name}"))
     for f in sorted(RESULTS.glob(f"*/{prefix}_probe.json")):
-        cal.probes.append(probe_record(json.loads(f.read_text()), gpu, f"{GPUS[gpu]} probe"))
+        record = probe_record(json.loads(f.read_text()), gpu, f"{GPUS[gpu]} probe")
+        if not any(_same_probe(record, p) for p in cal.probes):  # the file of a stored probe
+            cal.probes.append(record)
+
+
+def _same_probe(a: dict, b: dict) -> bool:
+    return all(a[k] == b[k] for k in ("gpu", "eager_us", "graph_us", "stream_read_gbps"))
 
 
 def h200() -> Calibration:

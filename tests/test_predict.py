@@ -192,9 +192,9 @@ def test_a_host_bound_step_on_an_unmeasured_host_is_not_forecast():
 
 def host_layer_probe(gpu, arch, layer_us=600.0, step_us=400.0):
     """A probe whose host ran hf-eager's layer of `arch` at `layer_us`, the rest at `step_us`."""
-    return {**PROBE, "gpu": gpu, "host_layer": {"hf-eager": {
-        "layer_us": layer_us, "step_us": step_us, "architecture": arch,
-        "step_ms": {"1": (layer_us + step_us) / 1e3, "5": (5 * layer_us + step_us) / 1e3}}}}
+    return {**PROBE, "gpu": gpu, "host_layers": [{
+        "path": "hf-eager", "layer_us": layer_us, "step_us": step_us, "architecture": arch,
+        "rounds_us": [[layer_us, step_us]] * 5}]}
 
 
 def test_a_probe_of_the_host_running_the_models_layer_gives_its_host_side():
@@ -215,10 +215,6 @@ def test_a_probe_of_the_host_running_the_models_layer_gives_its_host_side():
     f = fit(eager_calibration(probes), "hf-eager", "h100-sxm5", "llama-3.1-8b")
     assert "host time per layer" not in f.terms
     assert f.terms["host cost per launch"].value == pytest.approx(40.0)
-    # A probe whose layer could not be read (a reason, no figure) is no evidence.
-    failed = {**PROBE, "gpu": "h100-sxm5", "host_layer": {"hf-eager": {"reason": "busy"}}}
-    f = fit(eager_calibration([PROBE, failed]), "hf-eager", "h100-sxm5", "qwen2.5-7b")
-    assert "host time per layer" not in f.terms
 
 
 @pytest.mark.parametrize("eta_a, carried", [(0.5, "fraction"), (0.2, "time")])
@@ -486,3 +482,27 @@ def test_leave_one_gpu_out_forecasts_a_gpu_from_the_other_alone():
         errors[("engine-int4", "qwen2.5-7b", 2048)])
     assert families["stock, host-bound"] == {"cells": 0, "not_forecast": 2, "mae": None,
                                              "worst": None, "with_interval": 0, "held": 0}
+
+
+def test_each_architecture_probed_on_a_machine_counts(tmp_path):
+    # Three probes of one machine, each with its model's layer: the newest probe's figures,
+    # and every architecture's layer, the newer of two Qwen2 readings.
+    from floorline.store import Store
+
+    store = Store(tmp_path / "r.db")
+    env = {"device": "NVIDIA H100 80GB HBM3"}
+    for arch, layer_us in (("qwen2", 900.0), ("llama", 650.0), ("qwen2", 600.0)):
+        host = {"layer_us": layer_us, "step_us": 400.0, "architecture": arch}
+        store.add_probe("cuda", {"eager_us": layer_us / 100, "graph_us": 0.9,
+                                 "stream_read_gbps": 3050.0,
+                                 "host_layer": {"hf-eager": host,
+                                                "hf-static": {"reason": "busy"}}}, env, "env")
+    probes = store.probes()
+    store.close()
+    assert probes["env"]["eager_us"] == 6.0
+    assert sorted((h["architecture"], h["layer_us"]) for h in probes["env"]["host_layers"]) == [
+        ("llama", 650.0), ("qwen2", 600.0)]
+    cal = from_rows([], [], probes, "mine", {"env": env["device"]})
+    for model, layer_us in (("qwen2.5-7b", 600.0), ("llama-3.1-8b", 650.0)):
+        f = fit(combine(eager_calibration([PROBE]), cal), "hf-eager", "h100-sxm5", model)
+        assert f.terms["host time per layer"].value == layer_us

@@ -49,6 +49,17 @@ def column(sql: str, json_kind: type | None = None, **default):
     return field(metadata={"sql": sql, "json": json_kind}, **default)
 
 
+def host_layers(probes: list[dict]) -> list[dict]:
+    """The host's layer times in `probes` (oldest first; measure.probe.host_layer's figures,
+    those read), each with its `path`: the newest of each path and architecture."""
+    found = {}
+    for results in probes:
+        for path, host in (results.get("host_layer") or {}).items():
+            if "layer_us" in host:
+                found[path, host["architecture"]] = {**host, "path": path}
+    return list(found.values())
+
+
 class StoredRow:
     """A row class whose fields, in order, are its table's columns, the id first."""
 
@@ -572,11 +583,15 @@ class Store:
             "results": json.dumps(results, sort_keys=True), "finished_at": now()})
 
     def probes(self) -> dict[str, dict]:
-        """The newest probe of each environment, by fingerprint key."""
-        rows = self._read(
-            "SELECT id, fingerprint_key, results FROM probes WHERE id IN "
-            "(SELECT MAX(id) FROM probes GROUP BY fingerprint_key)")
-        return {key: self._json(results, "probes", i, "results") for i, key, results in rows}
+        """The newest probe of each environment, by fingerprint key, with `host_layers`: the
+        host's layer times of all of that environment's probes (each probe times one model's
+        architecture; host_layers()), the newest of each path and architecture."""
+        newest, every = {}, {}
+        for i, key, results in self._read(
+                "SELECT id, fingerprint_key, results FROM probes ORDER BY id"):
+            newest[key] = self._json(results, "probes", i, "results")
+            every.setdefault(key, []).append(newest[key])
+        return {key: {**r, "host_layers": host_layers(every[key])} for key, r in newest.items()}
 
     def probe_devices(self) -> dict[str, str]:
         """The device each probed environment recorded (a GPU's name), by fingerprint key."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from floorline.hardware import catalogue_names, match_device_name
 from floorline.records import VALID
-from floorline.store import CellRow, Store, check_cell
+from floorline.store import CellRow, Store, check_cell, host_layers
 
 SHIPPED = "h200.json"
 DEFAULT_DB = Path("floorline.db")  # read where it exists and no database is named
@@ -26,7 +26,7 @@ class Calibration:
     cells: list[dict] = field(default_factory=list)
     # path model ctx gpu kernels_per_step classes source
     explanations: list[dict] = field(default_factory=list)
-    # gpu eager_us graph_us stream_read_gbps host_layer source
+    # gpu eager_us graph_us stream_read_gbps host_layers source
     probes: list[dict] = field(default_factory=list)
     # paths with valid cells on a non-catalogue device
     cpu_paths: set[str] = field(default_factory=set)
@@ -52,7 +52,7 @@ def explain_record(results: dict, source: str) -> dict:
 
 def probe_record(results: dict, gpu: str, source: str) -> dict:
     return {"gpu": gpu, **{k: results[k] for k in ("eager_us", "graph_us", "stream_read_gbps")},
-            "host_layer": results.get("host_layer"), "source": source}
+            "host_layers": results.get("host_layers") or host_layers([results]), "source": source}
 
 
 def from_rows(rows: list[CellRow], explanations: list[dict], probes: dict[str, dict],

@@ -312,9 +312,8 @@ def probed_host(cal: Calibration, gpu: str, path: str, arch: str) -> dict[str, T
     """The host's time for a layer of `arch` in `path`, and for the rest of its step, from
     `gpu`'s probes that ran that path on a model of that architecture (the medians over them);
     empty where none did."""
-    found = [h[path] for p in cal.probes if p["gpu"] == gpu
-             for h in [p.get("host_layer") or {}]
-             if h.get(path, {}).get("architecture") == arch and "layer_us" in h[path]]
+    found = [h for p in cal.probes if p["gpu"] == gpu for h in p.get("host_layers") or []
+             if h["path"] == path and h["architecture"] == arch]
     if not found:
         return {}
     source = (f"{len(found)} probe{'s' if len(found) > 1 else ''} of {gpu}'s host: {path} on "

@@ -116,7 +116,7 @@ def launch_us(device: str, launches: int = 2000) -> dict:
 # study's eager step took 17.7 ms on one host and 51.7 ms on another.
 HOST_PATHS = ("hf-eager", "hf-static")
 HOST_DEPTHS = (1, 5)
-HOST_CTX, HOST_WARMUP, HOST_STEPS, HOST_ROUNDS = 32, 16, 32, 3
+HOST_CTX, HOST_WARMUP, HOST_STEPS, HOST_ROUNDS = 32, 16, 32, 5
 
 
 def _step_ms(path: str, model_spec, device: str) -> float:
@@ -130,33 +130,33 @@ def _step_ms(path: str, model_spec, device: str) -> float:
 
 
 def host_layer(device: str, model_spec) -> dict:
-    """Per path of HOST_PATHS: `layer_us`, the host's time for one of the model's layers,
-    `step_us`, its time for the rest of a step (embedding, head, sampling), and the median
-    step at each depth (the median of HOST_ROUNDS rounds, the depths alternating); or `reason`
-    where it could not be read."""
+    """Per path of HOST_PATHS: `layer_us`, the host's time for one of the model's layers, and
+    `step_us`, its time for the rest of a step (embedding, head, sampling): the medians over
+    HOST_ROUNDS rounds, each timing the two depths one after the other (a busy moment of the
+    host slows both), with each round's `rounds_us` [layer, rest]; or `reason` where they
+    could not be read."""
+    few, many = HOST_DEPTHS
     results = {}
     for path in HOST_PATHS:
         try:
             cut = {n: cut_down(model_spec, n) for n in HOST_DEPTHS}
-            rounds = {n: [] for n in HOST_DEPTHS}
+            rounds = []
             for _ in range(HOST_ROUNDS):
-                for n in HOST_DEPTHS:
-                    rounds[n].append(_step_ms(path, cut[n], device))
+                few_ms, many_ms = (_step_ms(path, cut[n], device) for n in HOST_DEPTHS)
+                layer_us = (many_ms - few_ms) / (many - few) * 1e3
+                rounds.append([layer_us, few_ms * 1e3 - few * layer_us])
         except Exception as e:  # an architecture transformers cannot cut down or run here
             results[path] = {"reason": f"the model cut to a few layers did not run: "
                                        f"{exception_line(e)}"}
             continue
-        ms = {n: statistics.median(r) for n, r in rounds.items()}
-        (few, few_ms), (many, many_ms) = sorted(ms.items())
-        layer_us = (many_ms - few_ms) / (many - few) * 1e3
+        layer_us = statistics.median(r[0] for r in rounds)
         if layer_us <= 0:
-            results[path] = {"reason": f"its step at {many} layers ({many_ms:.3f} ms) was not "
-                                       f"slower than at {few} ({few_ms:.3f} ms): a busy host; "
+            results[path] = {"reason": f"its step at {many} layers was not slower than at "
+                                       f"{few} in most of {HOST_ROUNDS} rounds: a busy host; "
                                        f"probe again on an idle one"}
             continue
-        results[path] = {"layer_us": layer_us, "step_us": few_ms * 1e3 - few * layer_us,
-                         "architecture": model_spec.text.model_type,
-                         "step_ms": {str(n): v for n, v in ms.items()}}
+        results[path] = {"layer_us": layer_us, "step_us": statistics.median(r[1] for r in rounds),
+                         "architecture": model_spec.text.model_type, "rounds_us": rounds}
     return results
 
 
