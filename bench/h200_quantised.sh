@@ -22,7 +22,9 @@ mkdir -p "$(dirname "$DB")"
 SITE=/tmp/site
 export PYTHONPATH=src:$SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export FLOORLINE_RUN_LABEL="$(basename "$0") ${1:-}"  # names the runs it makes
-export FLOORLINE_MARLIN_LIB=$PWD/.whl/floorline_marlin.so FLOORLINE_CACHE=/tmp/floorline-cache
+# the awq-marlin path's library: one named before this script runs, else the one carried in .whl
+export FLOORLINE_MARLIN_LIB=${FLOORLINE_MARLIN_LIB:-$PWD/.whl/floorline_marlin.so}
+export FLOORLINE_CACHE=/tmp/floorline-cache
 export TORCH_EXTENSIONS_DIR=/tmp/torch-ext MAX_JOBS=${MAX_JOBS:-16}
 export LLAMA_CPP_LIB_PATH=${LLAMA_CPP_LIB_PATH:-$SITE/llama_cpp/lib}
 fl() { python3 -m floorline "$@"; }
