@@ -11,19 +11,11 @@ import sys
 from pathlib import Path
 
 from floorline.report.quotes import of_floor, quote
-from floorline.store import Store
-
-
-def runs_of(db: Path) -> list:
-    store = Store(db, read_only=True)
-    try:
-        return store.rows(latest=False)
-    finally:
-        store.close()
+from gpu_check_cells import rows_of  # beside this script
 
 
 def compare(dbs: list[Path]) -> list[str]:
-    rows = {db: runs_of(db) for db in dbs}
+    rows = {db: rows_of(db) for db in dbs}
     cells = sorted({(r.model, r.ctx, r.path) for runs in rows.values() for r in runs})
     lines = ["| model | ctx | path | " + " | ".join(db.stem for db in dbs) + " |",
              "|---|---|---|" + "---|" * len(dbs)]

@@ -10,7 +10,8 @@ from floorline.store import Store
 ROOT = Path(__file__).parents[1]
 
 
-def tree_compare():
+def tree_compare(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # the scripts it imports, as when run there
     spec = importlib.util.spec_from_file_location("tree_compare",
                                                   ROOT / "bench" / "tree_compare.py")
     module = importlib.util.module_from_spec(spec)
@@ -28,7 +29,7 @@ def add(store, model, ms, status=VALID):
               {"device": "h100-sxm5", "code": {}}, "env")
 
 
-def test_each_cell_median_over_runs_and_ratio_to_the_first_database(tmp_path):
+def test_each_cell_median_over_runs_and_ratio_to_the_first_database(tmp_path, monkeypatch):
     main, branch = Store(tmp_path / "main.db"), Store(tmp_path / "branch.db")
     for ms in (1.00, 1.04, 1.02):
         add(main, "a", ms)
@@ -36,7 +37,7 @@ def test_each_cell_median_over_runs_and_ratio_to_the_first_database(tmp_path):
         add(branch, "a", ms)
     add(branch, "a", 0.50, status=UNSTEADY)  # not a run the median counts
     add(branch, "b", 2.0)  # a cell the baseline lacks: no ratio
-    lines = tree_compare().compare([tmp_path / "main.db", tmp_path / "branch.db"])
+    lines = tree_compare(monkeypatch).compare([tmp_path / "main.db", tmp_path / "branch.db"])
     assert lines[0] == "| model | ctx | path | main | branch |"
     a = next(line for line in lines if line.startswith("| a |"))
     # medians 1.02 and 0.91; of the floor, the median of 0.5 ms over each run; 0.91 / 1.02
