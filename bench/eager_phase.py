@@ -30,11 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 import warnings
 
 import torch
 
+from floorline.errors import FloorlineError
 from floorline.models import resolve_model
 from floorline.paths import REGISTRY
 
@@ -109,7 +111,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=192)
     parser.add_argument("--json")
     args = parser.parse_args()
-    model = resolve_model(args.model)
+    if not torch.cuda.is_available():
+        sys.exit("eager_phase: no CUDA GPU here; it times transformers' step on one")
+    try:
+        model = resolve_model(args.model)
+    except FloorlineError as e:
+        sys.exit(f"eager_phase: {e}")
     runs = {f"hf-eager {name}": run("hf-eager", model, args.ctx, args.steps, rewind)
             for name, rewind in SCHEDULES.items()}
     runs["hf-static none"] = run("hf-static", model, args.ctx, args.steps, None)
